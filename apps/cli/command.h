@@ -1,0 +1,44 @@
+// The `easel` command's subcommands. Each source file in apps/cli registers its subcommands
+// with EASEL_COMMAND; main() builds the CLI11 app from the registry.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace easel::cli {
+
+/// One subcommand: setup() adds its options to `sub` and returns the function run when the
+/// subcommand is chosen (returning the process exit code).
+struct Command {
+    std::string name;
+    std::string help;
+    std::function<std::function<int()>(CLI::App& sub)> setup;
+    int order = 100;  ///< position in --help
+};
+
+std::vector<Command>& registry();
+
+struct Registrar {
+    explicit Registrar(Command c) { registry().push_back(std::move(c)); }
+};
+
+/// Options every command accepts that change global state (-v, --color, --rpc-servers).
+struct CommonOptions {
+    bool verbose = false;
+    bool color = false;
+    std::string rpc_servers;
+};
+/// Adds -v/--verbose, --color and --rpc-servers to `app`.
+void add_common_options(CLI::App& app, CommonOptions& o);
+/// Applies them (log level, colour, RPC registration). Throws easel::Error.
+void apply_common_options(const CommonOptions& o);
+
+}  // namespace easel::cli
+
+#define EASEL_CLI_CAT2(a, b) a##b
+#define EASEL_CLI_CAT(a, b) EASEL_CLI_CAT2(a, b)
+#define EASEL_COMMAND(...) static ::easel::cli::Registrar EASEL_CLI_CAT(easel_cmd_, __LINE__){::easel::cli::Command{__VA_ARGS__}}

@@ -1,0 +1,92 @@
+// easel: command-line entry point. `easel <command> [options]`; see `easel --help`.
+#include "command.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "easel_version.h"
+#include "placement/devices.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+namespace easel::cli {
+
+std::vector<Command>& registry() {
+    static std::vector<Command> r;
+    return r;
+}
+
+void add_common_options(CLI::App& app, CommonOptions& o) {
+    app.add_flag("-v,--verbose", o.verbose, "Print debug messages");
+    app.add_flag("--color", o.color, "Colour warnings and errors");
+    app.add_option("--rpc-servers", o.rpc_servers,
+                   "Comma-separated host:port list of `easel rpc-server` processes; their devices appear as RPC0, RPC1, ...");
+}
+
+void apply_common_options(const CommonOptions& o) {
+    if (o.verbose) log::set_level(log::Level::Debug);
+    log::set_color(o.color);
+    if (!o.rpc_servers.empty()) placement::add_rpc_servers(o.rpc_servers);
+}
+
+}  // namespace easel::cli
+
+namespace {
+
+void quiet_ggml_log(enum ggml_log_level level, const char* text, void*) {
+    if (level >= GGML_LOG_LEVEL_WARN || easel::log::level() <= easel::log::Level::Debug) std::fputs(text, stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace easel;
+    ggml_log_set(quiet_ggml_log, nullptr);
+
+    CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, SDXL, FLUX, Z-Image, ...) on ggml", "easel"};
+    app.set_version_flag("--version", std::string("easel ") + EASEL_VERSION + " (ggml " + EASEL_GGML_SOURCE + " " +
+                                          std::string(EASEL_GGML_COMMIT).substr(0, 12) + ")");
+    app.require_subcommand(0, 1);
+    app.footer("Run `easel <command> --help` for a command's options and examples.");
+
+    bool list_devices = false;
+    app.add_flag("--list-devices", list_devices, "Same as `easel devices`");
+    cli::CommonOptions common;
+    cli::add_common_options(app, common);
+
+    auto& reg = cli::registry();
+    std::stable_sort(reg.begin(), reg.end(), [](const cli::Command& a, const cli::Command& b) { return a.order < b.order; });
+    std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
+    for (auto& c : reg) {
+        CLI::App* sub = app.add_subcommand(c.name, c.help);
+        runs.emplace_back(sub, c.setup(*sub));
+    }
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+
+    try {
+        cli::apply_common_options(common);
+        for (auto& [sub, run] : runs)
+            if (sub->parsed()) return run();
+        if (list_devices) {
+            for (auto& [sub, run] : runs)
+                if (sub->get_name() == "devices") return run();
+        }
+        std::fputs(app.help().c_str(), stdout);
+        return 0;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of host memory\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}

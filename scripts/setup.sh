@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) set-up on Debian: installs the packages the build needs,
+# fetches the pinned ggml, configures and builds easel into build/.
+# Options (environment): EASEL_BUILD_DIR (default build), EASEL_CMAKE_ARGS (extra cmake flags),
+#                        EASEL_SKIP_APT=1 (do not touch packages).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+PACKAGES=(build-essential cmake git npm pkg-config
+  libstb-dev libpng-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
+  libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3)
+
+if [ "${EASEL_SKIP_APT:-0}" != "1" ]; then
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+scripts/fetch-ggml.sh
+
+build="${EASEL_BUILD_DIR:-build}"
+jobs="$(nproc 2>/dev/null || echo 2)"
+# shellcheck disable=SC2086
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${EASEL_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build" -j "$jobs"
+echo "setup: built $build/bin/easel"

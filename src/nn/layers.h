@@ -1,0 +1,98 @@
+// Common layers. Each mirrors the PyTorch module of the same name: parameter names
+// ("weight", "bias") and shapes as torch.nn declares them, so checkpoint keys bind directly.
+//
+// Layout (ggml order, innermost first): Linear acts on ne[0] (features); Conv2d/GroupNorm take
+// images ne = {W, H, C, N}; LayerNorm/RMSNorm normalise ne[0].
+#pragma once
+
+#include "nn/block.h"
+
+namespace easel::nn {
+
+/// Graph-building context passed to every forward().
+struct Ctx {
+    ggml_context* ctx = nullptr;
+    bool flash_attn = false;  ///< use ggml_flash_attn_ext where the shapes allow it
+};
+
+/// torch.nn.Linear: y = x W^T + b. weight [out, in], bias [out]. x: ne = {in, ...}.
+class Linear : public Block {
+public:
+    Linear(int64_t in, int64_t out, bool bias = true);
+    ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
+    int64_t in, out;
+    Param* w;
+    Param* b = nullptr;
+};
+
+/// torch.nn.Conv2d (dilation 1, groups 1). weight [out, in, k, k], bias [out]. x: {W, H, in, N}.
+class Conv2d : public Block {
+public:
+    Conv2d(int64_t in, int64_t out, int kernel, int stride = 1, int padding = 0, bool bias = true);
+    ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
+    int64_t in, out;
+    int kernel, stride, padding;
+    Param* w;
+    Param* b = nullptr;
+};
+
+/// torch.nn.GroupNorm(groups, channels, eps, affine). x: {W, H, C, N} or {L, C, N} (channels at ne[2] or ne[1]).
+class GroupNorm : public Block {
+public:
+    GroupNorm(int groups, int64_t channels, float eps = 1e-5f, bool affine = true);
+    /// x: {W, H, C, N}; returns the same shape.
+    ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
+    int groups;
+    int64_t channels;
+    float eps;
+    Param* w = nullptr;
+    Param* b = nullptr;
+};
+
+/// torch.nn.LayerNorm over ne[0]. weight/bias [dim] (optional: affine=false, or bias=false).
+class LayerNorm : public Block {
+public:
+    LayerNorm(int64_t dim, float eps = 1e-5f, bool affine = true, bool bias = true);
+    ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
+    int64_t dim;
+    float eps;
+    Param* w = nullptr;
+    Param* b = nullptr;
+};
+
+/// RMSNorm over ne[0] (T5/Qwen/FLUX style): x / sqrt(mean(x^2) + eps) * weight. weight [dim].
+class RMSNorm : public Block {
+public:
+    RMSNorm(int64_t dim, float eps = 1e-6f, bool affine = true);
+    ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
+    int64_t dim;
+    float eps;
+    Param* w = nullptr;
+};
+
+/// torch.nn.Embedding: weight [num, dim]; ids: I32 tensor {L, N}; returns {dim, L, N}.
+class Embedding : public Block {
+public:
+    Embedding(int64_t num, int64_t dim);
+    ggml_tensor* forward(Ctx& c, ggml_tensor* ids) const;
+    int64_t num, dim;
+    Param* w;
+};
+
+/// Scaled dot-product attention, multi-head.
+/// q: {D*Hq, Lq, N}, k/v: {D*Hkv, Lk, N} (Hq a multiple of Hkv: grouped-query attention).
+/// mask: optional additive F32 {Lk, Lq} (broadcast over heads and batch) or {Lk, Lq, 1, N}; -INF masks.
+/// Returns {D*Hq, Lq, N}. Scale 1/sqrt(D). Uses ggml_flash_attn_ext when c.flash_attn is set,
+/// else soft_max(k^T q * scale + mask) v; both give the same result within float tolerance.
+ggml_tensor* attention(Ctx& c, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, int64_t n_heads_q,
+                       int64_t n_heads_kv, ggml_tensor* mask = nullptr);
+
+/// Sinusoidal timestep embedding as diffusers' get_timestep_embedding
+/// (diffusers/models/embeddings.py): exponent = -ln(max_period) * i / (half - shift),
+/// emb = t * scale * exp(exponent), [sin, cos] (or [cos, sin] when flip_sin_to_cos).
+/// t: F32 {N}; returns F32 {dim, N}.
+ggml_tensor* timestep_embedding(Ctx& c, ggml_tensor* t, int dim, bool flip_sin_to_cos = true,
+                                float downscale_freq_shift = 1.0f, float scale = 1.0f,
+                                float max_period = 10000.0f);
+
+}  // namespace easel::nn

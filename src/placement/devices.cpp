@@ -1,0 +1,151 @@
+#include "placement/devices.h"
+
+#include "core/error.h"
+
+#ifdef EASEL_HAS_RPC
+#include <ggml-rpc.h>
+#endif
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <mutex>
+#include <set>
+
+namespace easel::placement {
+
+namespace {
+
+std::string lower(std::string s) {
+    for (auto& ch : s) ch = (char)std::tolower((unsigned char)ch);
+    return s;
+}
+
+const char* type_name(enum ggml_backend_dev_type t) {
+    switch (t) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default: return "other";
+    }
+}
+
+// ggml's RPC client aborts the process when a server cannot be reached, so easel checks
+// with its own TCP connect (2 s timeout) first and reports an error instead.
+bool tcp_reachable(const std::string& host, const std::string& port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) return false;
+    bool ok = false;
+    for (addrinfo* a = res; a && !ok; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+        int r = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (r == 0) ok = true;
+        else if (errno == EINPROGRESS) {
+            pollfd p{fd, POLLOUT, 0};
+            if (poll(&p, 1, 2000) == 1) {
+                int err = 0;
+                socklen_t len = sizeof err;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                ok = err == 0;
+            }
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+std::mutex g_mu;
+std::set<std::string> g_rpc_added;
+
+}  // namespace
+
+void init_backends() {
+    static std::once_flag once;
+    std::call_once(once, [] { ggml_backend_load_all(); });
+}
+
+void add_rpc_servers(const std::string& list) {
+    init_backends();
+    if (list.empty()) return;
+#ifndef EASEL_HAS_RPC
+    fail(ErrorKind::Unsupported, "--rpc-servers: this easel was built without RPC support (configure with -DEASEL_RPC=ON)");
+#else
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        std::string ep = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        start = comma == std::string::npos ? list.size() + 1 : comma + 1;
+        // trim
+        ep.erase(0, ep.find_first_not_of(" \t"));
+        ep.erase(ep.find_last_not_of(" \t") + 1);
+        if (ep.empty()) continue;
+        size_t colon = ep.rfind(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 >= ep.size() ||
+            !std::all_of(ep.begin() + colon + 1, ep.end(), [](char ch) { return std::isdigit((unsigned char)ch); })) {
+            fail(ErrorKind::InvalidInput, "--rpc-servers: '{}' is not host:port (example: 127.0.0.1:50052)", ep);
+        }
+        long port = std::stol(ep.substr(colon + 1));
+        if (port <= 0 || port > 65535) fail(ErrorKind::InvalidInput, "--rpc-servers: port {} out of range 1..65535", port);
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (g_rpc_added.count(ep)) continue;
+        std::string host = ep.substr(0, colon);
+        if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+        if (!tcp_reachable(host, ep.substr(colon + 1)))
+            fail(ErrorKind::Io, "--rpc-servers: cannot connect to RPC server {} (is `easel rpc-server` running there?)", ep);
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(ep.c_str());
+        if (!reg) fail(ErrorKind::Io, "--rpc-servers: cannot connect to RPC server {} (is `easel rpc-server` running there?)", ep);
+        ggml_backend_register(reg);
+        g_rpc_added.insert(ep);
+    }
+#endif
+}
+
+std::vector<DeviceInfo> list_devices() {
+    init_backends();
+    std::vector<DeviceInfo> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        DeviceInfo info;
+        info.dev = d;
+        info.name = ggml_backend_dev_name(d);
+        info.description = ggml_backend_dev_description(d);
+        info.type = type_name(ggml_backend_dev_type(d));
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(d, &free, &total);
+        info.free_bytes = free;
+        info.total_bytes = total;
+        out.push_back(std::move(info));
+    }
+    return out;
+}
+
+ggml_backend_dev_t find_device(const std::string& name) {
+    auto devs = list_devices();
+    const std::string want = lower(name);
+    for (auto& d : devs)
+        if (lower(d.name) == want) return d.dev;
+    std::vector<const DeviceInfo*> hits;
+    for (auto& d : devs)
+        if (lower(d.name).rfind(want, 0) == 0) hits.push_back(&d);
+    if (hits.size() == 1) return hits[0]->dev;
+    std::string known;
+    for (auto& d : devs) known += (known.empty() ? "" : ", ") + d.name;
+    if (hits.empty()) fail(ErrorKind::InvalidInput, "unknown device '{}' (devices here: {}; see `easel devices`)", name, known);
+    fail(ErrorKind::InvalidInput, "device name '{}' is ambiguous (matches several of: {})", name, known);
+}
+
+}  // namespace easel::placement
