@@ -1,0 +1,273 @@
+// AutoencoderKL: the KL-regularised VAE of Stable Diffusion 1.x/2.x, SDXL, FLUX.1 and Z-Image.
+//
+// Architecture as diffusers defines it (diffusers/models/autoencoders/autoencoder_kl.py and
+// vae.py Encoder/Decoder; resnet.py ResnetBlock2D; attention_processor.py Attention with
+// group_norm, one head over the H*W tokens, residual connection; downsampling.py Downsample2D:
+// pad (0,1,0,1) then 3x3 conv stride 2; upsampling.py Upsample2D: nearest x2 then 3x3 conv).
+// All norms are GroupNorm(norm_num_groups, eps 1e-6), the activation is SiLU.
+//
+// Canonical parameter names are diffusers' (encoder.down_blocks.0.resnets.1.conv1.weight,
+// decoder.mid_block.attentions.0.to_q.weight, quant_conv.weight, ...). The original ldm layout
+// (encoder.down.0.block.1.conv1.weight, decoder.up.N.block.M..., mid.attn_1.{q,k,v,proj_out} as
+// 1x1 conv weights [C, C, 1, 1], nin_shortcut, norm_out), optionally under "first_stage_model."
+// or "vae.", is read through a key map (facts from diffusers/loaders/single_file_utils.py,
+// convert_ldm_vae_checkpoint). The configuration is inferred from the weight shapes; only the
+// group count of the norms is not visible there (config.json, default 32).
+//
+// Tensor layout: images and latents are ggml ne = {W, H, C, N} (PyTorch [N, C, H, W]).
+#pragma once
+
+#include "io/weight_index.h"
+#include "models/vae/graph_exec.h"
+#include "models/vae/host_tensor.h"
+#include "nn/block.h"
+#include "nn/layers.h"
+
+#include <ggml-backend.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace easel::vae {
+
+/// Key layout of a stored AutoencoderKL.
+enum class KLLayout {
+    Diffusers,        ///< diffusers names (to_q/to_k/to_v/to_out.0 Linear weights [C, C])
+    DiffusersLegacy,  ///< old diffusers names of the mid attention (query/key/value/proj_attn)
+    Ldm,              ///< original ldm / CompVis / BFL names (down.N.block.M, mid.attn_1.q as [C, C, 1, 1])
+};
+
+/// Where an AutoencoderKL lies in a weight file: key prefix and layout.
+struct KLSource {
+    std::string prefix;   ///< "" , "first_stage_model.", "vae." ...
+    KLLayout layout = KLLayout::Diffusers;
+    bool has_encoder = false;
+    bool has_decoder = false;
+};
+
+/// Finds an AutoencoderKL in `index`: tries the prefixes "", "first_stage_model.", "vae." and the
+/// three layouts by looking for the conv_in / conv_out keys. Returns nullopt when there is none.
+std::optional<KLSource> find_autoencoder_kl(const io::WeightIndex& index);
+
+/// The canonical (diffusers) -> stored (ldm, without prefix) name of a parameter of an
+/// AutoencoderKL with `n_levels` resolution levels; used as the TensorSource mapper of the Ldm
+/// layout. Examples: "decoder.up_blocks.0.resnets.2.conv_shortcut.weight" ->
+/// "decoder.up.<n_levels-1>.block.2.nin_shortcut.weight";
+/// "encoder.mid_block.attentions.0.to_out.0.bias" -> "encoder.mid.attn_1.proj_out.bias".
+/// Names it does not know are returned unchanged.
+std::string kl_canonical_to_ldm(const std::string& canonical, int n_levels);
+
+/// Settings not visible in the weights.
+struct KLOverrides {
+    std::optional<int> norm_num_groups;  ///< default: config.json "norm_num_groups" if given, else 32
+};
+
+/// Configuration of an AutoencoderKL (diffusers config names).
+struct AutoencoderKLConfig {
+    int64_t in_channels = 3;                 ///< image channels into the encoder
+    int64_t out_channels = 3;                ///< image channels out of the decoder
+    int64_t latent_channels = 4;             ///< channels of the latent (mean); the encoder emits 2x
+    std::vector<int64_t> block_out_channels; ///< per resolution level, encoder order (e.g. 128,256,512,512)
+    int layers_per_block = 2;                ///< resnets per encoder level (decoder: +1)
+    int norm_num_groups = 32;                ///< GroupNorm groups of every norm
+    float norm_eps = 1e-6f;                  ///< GroupNorm eps (diffusers VAE: 1e-6)
+    bool use_quant_conv = true;              ///< 1x1 conv 2L->2L after the encoder
+    bool use_post_quant_conv = true;         ///< 1x1 conv L->L before the decoder
+    bool mid_block_attention = true;         ///< mid block has the self-attention
+    bool has_encoder = true;
+    bool has_decoder = true;
+
+    /// Image pixels per latent pixel: 2^(levels-1).
+    int spatial_factor() const { return 1 << (int(block_out_channels.size()) - 1); }
+};
+
+/// Infers the configuration from the weight shapes under `src` (prefix + layout), e.g.
+/// block_out_channels from encoder.down_blocks.i.resnets.0.conv1.weight [out, in, 3, 3],
+/// latent_channels from decoder.conv_in.weight [C0, L, 3, 3]. Throws Error(ModelMismatch) when
+/// the keys do not describe an AutoencoderKL or encoder and decoder disagree.
+AutoencoderKLConfig infer_autoencoder_kl_config(const io::WeightIndex& index, const KLSource& src,
+                                                const KLOverrides& ov = {});
+
+/// diffusers ResnetBlock2D without time embedding:
+/// h = conv1(silu(norm1(x))); h = conv2(silu(norm2(h))); out = shortcut(x) + h,
+/// shortcut = 1x1 conv_shortcut when in != out. x: {W, H, in, N} -> {W, H, out, N}.
+class ResnetBlock2D : public nn::Block {
+public:
+    ResnetBlock2D(int64_t in, int64_t out, int groups, float eps);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    nn::GroupNorm *norm1, *norm2;
+    nn::Conv2d *conv1, *conv2;
+    nn::Conv2d* conv_shortcut = nullptr;
+};
+
+/// Linear projection of the VAE attention. Its weight is [C, C] (diffusers) or [C, C, 1, 1]
+/// (ldm 1x1 conv, `conv_shape`); either way it acts as a Linear over ne[0].
+class AttnProjection : public nn::Block {
+public:
+    AttnProjection(int64_t channels, bool conv_shape);
+    /// x: {C, L, N} -> {C, L, N}.
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    int64_t channels;
+    nn::Param* w;
+    nn::Param* b;
+};
+
+/// The VAE mid-block attention (diffusers Attention with norm_num_groups, heads 1,
+/// residual_connection=True): out = x + to_out(softmax(q k^T / sqrt(C)) v) over the H*W
+/// tokens of group_norm(x). x: {W, H, C, N} -> same.
+class VaeAttention : public nn::Block {
+public:
+    VaeAttention(int64_t channels, int groups, float eps, bool conv_shape);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    int64_t channels;
+    nn::GroupNorm* group_norm;
+    AttnProjection *to_q, *to_k, *to_v, *to_out;
+};
+
+/// diffusers UNetMidBlock2D as the VAE uses it: resnet, [attention], resnet (C -> C).
+class VaeMidBlock : public nn::Block {
+public:
+    VaeMidBlock(int64_t channels, int groups, float eps, bool attention, bool conv_shape);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    ResnetBlock2D *resnet0, *resnet1;
+    VaeAttention* attn = nullptr;
+};
+
+/// One encoder level (DownEncoderBlock2D): resnets, then (except the last level) the
+/// downsampler pad (0,1,0,1) + 3x3 conv stride 2.
+class DownEncoderBlock2D : public nn::Block {
+public:
+    DownEncoderBlock2D(int64_t in, int64_t out, int layers, bool downsample, int groups, float eps);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    std::vector<ResnetBlock2D*> resnets;
+    nn::Conv2d* down = nullptr;
+};
+
+/// One decoder level (UpDecoderBlock2D): resnets, then (except the last level) nearest x2
+/// upsampling + 3x3 conv.
+class UpDecoderBlock2D : public nn::Block {
+public:
+    UpDecoderBlock2D(int64_t in, int64_t out, int layers, bool upsample, int groups, float eps);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    std::vector<ResnetBlock2D*> resnets;
+    nn::Conv2d* up = nullptr;
+};
+
+/// diffusers vae.Encoder (double_z): image {W, H, in, N} -> moments {W/f, H/f, 2L, N}.
+class VaeEncoder : public nn::Block {
+public:
+    explicit VaeEncoder(const AutoencoderKLConfig& cfg, bool conv_shape_attn);
+    ggml_tensor* forward(nn::Ctx& c, ggml_tensor* x) const;
+    nn::Conv2d* conv_in;
+    std::vector<DownEncoderBlock2D*> down_blocks;
+    VaeMidBlock* mid;
+    nn::GroupNorm* norm_out;
+    nn::Conv2d* conv_out;
+};
+
+/// diffusers vae.Decoder: latent {w, h, L, N} -> image {w*f, h*f, out, N}.
+class VaeDecoder : public nn::Block {
+public:
+    explicit VaeDecoder(const AutoencoderKLConfig& cfg, bool conv_shape_attn);
+    nn::Conv2d* conv_in;
+    VaeMidBlock* mid;
+    std::vector<UpDecoderBlock2D*> up_blocks;
+    nn::GroupNorm* norm_out;
+    nn::Conv2d* conv_out;
+};
+
+/// Which halves of the VAE to build and load.
+enum class KLParts { Both, EncoderOnly, DecoderOnly };
+
+/// The AutoencoderKL module tree (root names: encoder, decoder, quant_conv, post_quant_conv).
+///
+/// The decoder is a typed block sequence: decode_prologue (post_quant_conv, conv_in, mid block)
+/// -> decode_block(i) for the up blocks i = 0..n_decode_blocks()-1 -> decode_epilogue
+/// (conv_norm_out, SiLU, conv_out). The state between blocks is the feature map {W, H, C, N}.
+class AutoencoderKL : public nn::Block {
+public:
+    /// Builds the tree for `cfg`; `parts` leaves out a half (its params are then not declared).
+    /// `ldm_attn_shape` declares the attention projections as [C, C, 1, 1] (ldm layout).
+    AutoencoderKL(const AutoencoderKLConfig& cfg, KLParts parts = KLParts::Both, bool ldm_attn_shape = false);
+
+    const AutoencoderKLConfig& config() const { return cfg_; }
+    bool has_encoder() const { return encoder_ != nullptr; }
+    bool has_decoder() const { return decoder_ != nullptr; }
+
+    /// image {W, H, in, N} (values in [-1, 1]) -> moments {W/f, H/f, 2L, N}: encoder then
+    /// quant_conv. Channels [0, L) are the mean, [L, 2L) the unclamped log-variance.
+    ggml_tensor* encode_moments(nn::Ctx& c, ggml_tensor* image) const;
+
+    /// latent {w, h, L, N} (raw, not scaled) -> image {w*f, h*f, out, N}.
+    ggml_tensor* decode(nn::Ctx& c, ggml_tensor* z) const;
+    /// Decoder sequence: post_quant_conv + conv_in + mid block. z {w, h, L, N} -> {w, h, C_top, N}.
+    ggml_tensor* decode_prologue(nn::Ctx& c, ggml_tensor* z) const;
+    /// Number of up blocks.
+    int n_decode_blocks() const;
+    /// Up block i (0 = the lowest resolution). Throws Error(InvalidInput) for i out of range.
+    ggml_tensor* decode_block(nn::Ctx& c, int i, ggml_tensor* h) const;
+    /// conv_norm_out + SiLU + conv_out: {W, H, C0, N} -> {W, H, out, N}.
+    ggml_tensor* decode_epilogue(nn::Ctx& c, ggml_tensor* h) const;
+
+private:
+    AutoencoderKLConfig cfg_;
+    VaeEncoder* encoder_ = nullptr;
+    VaeDecoder* decoder_ = nullptr;
+    nn::Conv2d* quant_conv_ = nullptr;
+    nn::Conv2d* post_quant_conv_ = nullptr;
+};
+
+/// Tiling settings of encode/decode (--vae-tiling), in image pixels. Tiles are
+/// tile_size x tile_size image pixels (tile_size / f latent pixels), placed every
+/// tile_size * (1 - overlap) pixels and blended linearly over tile_size * overlap pixels
+/// (diffusers AutoencoderKL.tiled_decode / _tiled_encode with blend_v / blend_h).
+struct TilingOptions {
+    bool enabled = false;
+    int tile_size = 512;     ///< image pixels (diffusers: config.sample_size); must be a multiple of f
+    float overlap = 0.25f;   ///< fraction of a tile shared with its neighbour (diffusers tile_overlap_factor)
+};
+
+/// Result of encode: the parameters of the diagonal Gaussian posterior.
+struct LatentDist {
+    HostTensor mean;    ///< [N, L, H/f, W/f]
+    HostTensor logvar;  ///< [N, L, H/f, W/f], clamped to [-30, 20] (DiagonalGaussianDistribution)
+};
+
+/// A loaded AutoencoderKL with its parameters on one backend.
+class AutoencoderKLModel {
+public:
+    /// Loads from `index` (layout and prefix found with find_autoencoder_kl, config inferred),
+    /// parameters allocated in `backend`'s default buffer type.
+    /// Throws Error(ModelMismatch) when no AutoencoderKL is found or keys do not match,
+    /// Error(OutOfMemory) when the parameters do not fit.
+    static std::unique_ptr<AutoencoderKLModel> load(const io::WeightIndex& index, ggml_backend_t backend,
+                                                    const KLOverrides& ov = {}, KLParts parts = KLParts::Both);
+    /// As load(), with the source given explicitly (e.g. an index whose keys were renamed).
+    static std::unique_ptr<AutoencoderKLModel> load(const io::WeightIndex& index, const KLSource& src,
+                                                    ggml_backend_t backend, const KLOverrides& ov = {},
+                                                    KLParts parts = KLParts::Both);
+    ~AutoencoderKLModel();
+
+    const AutoencoderKLConfig& config() const { return module_->config(); }
+    const AutoencoderKL& module() const { return *module_; }
+
+    /// image [N, in, H, W] in [-1, 1] -> posterior mean/logvar [N, L, H/f, W/f].
+    /// H and W must be multiples of f (else Error(InvalidInput)). With tiling, diffusers'
+    /// _tiled_encode rule (the moments are blended, then split and clamped).
+    LatentDist encode(const HostTensor& image, const TilingOptions& tiling = {}, const ExecOptions& ex = {}) const;
+    /// Raw encoder moments [N, 2L, H/f, W/f] (mean, then unclamped logvar), optionally tiled.
+    HostTensor encode_moments(const HostTensor& image, const TilingOptions& tiling = {}, const ExecOptions& ex = {}) const;
+    /// latent [N, L, h, w] (raw) -> image [N, out, h*f, w*f] (about [-1, 1]); optionally tiled
+    /// (diffusers tiled_decode rule). Throws Error(InvalidInput) on a channel mismatch.
+    HostTensor decode(const HostTensor& latent, const TilingOptions& tiling = {}, const ExecOptions& ex = {}) const;
+
+private:
+    AutoencoderKLModel() = default;
+    std::unique_ptr<AutoencoderKL> module_;
+    nn::ParamBuffer params_;
+    ggml_backend_t backend_ = nullptr;
+};
+
+}  // namespace easel::vae
