@@ -1,0 +1,221 @@
+// SD UNet block sequence; order of operations as diffusers UNet2DConditionModel.forward
+// (diffusers/models/unets/unet_2d_condition.py) and its blocks (unet_2d_blocks.py).
+#include "models/sd/unet.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+namespace easel::models::sd {
+
+namespace {
+template <class U, class K>
+U make_unit_impl(K kind, int block, int layer) {
+    U u;
+    u.kind = kind;
+    u.block = block;
+    u.layer = layer;
+    return u;
+}
+}  // namespace
+
+UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
+    const UNetConfig& c = cfg_;
+    auto make_unit = [](Kind k, int b, int j) { return make_unit_impl<Unit>(k, b, j); };
+    if (c.has_add_embedding)
+        fail(ErrorKind::Unsupported,
+             "this UNet has add_embedding (SDXL-style text_time conditioning), which this build does not run yet");
+    const int G = c.norm_groups;
+    const float eps = c.norm_eps;
+
+    conv_in_ = &add<nn::Conv2d>("conv_in", c.in_channels, c.model_channels, c.conv_in_kernel, 1, (c.conv_in_kernel - 1) / 2);
+    time_linear_1_ = &add<nn::Linear>("time_embedding.linear_1", c.time_proj_dim, c.time_embed_dim);
+    time_linear_2_ = &add<nn::Linear>("time_embedding.linear_2", c.time_embed_dim, c.time_embed_dim);
+
+    for (int b = 0; b < (int)c.down.size(); ++b) {
+        auto& d = c.down[b];
+        for (int j = 0; j < (int)d.resnets.size(); ++j) {
+            Unit u = make_unit(Kind::Down, b, j);
+            std::string rp = fmt::format("down_blocks.{}.resnets.{}", b, j);
+            u.resnet = &add<ResnetBlock2D>(rp, d.resnets[j], G, eps);
+            u.modules.emplace_back(rp, u.resnet);
+            if (j < (int)d.attentions.size()) {
+                std::string ap = fmt::format("down_blocks.{}.attentions.{}", b, j);
+                u.attn = &add<Transformer2D>(ap, d.attentions[j], G);
+                u.modules.emplace_back(ap, u.attn);
+            }
+            units_.push_back(std::move(u));
+        }
+        if (d.downsample) {
+            Unit u = make_unit(Kind::Downsample, b, (int)d.resnets.size());
+            std::string p = fmt::format("down_blocks.{}.downsamplers.0", b);
+            u.down = &add<Downsample2D>(p, d.resnets.back().out);
+            u.modules.emplace_back(p, u.down);
+            units_.push_back(std::move(u));
+        }
+    }
+    if (c.mid.present) {
+        Unit u = make_unit(Kind::Mid, 0, 0);
+        // diffusers registers mid_block.attentions before mid_block.resnets; order of names does not matter
+        for (size_t j = 0; j < c.mid.resnets.size(); ++j) {
+            std::string rp = fmt::format("mid_block.resnets.{}", j);
+            mid_resnets_.push_back(&add<ResnetBlock2D>(rp, c.mid.resnets[j], G, eps));
+            u.modules.emplace_back(rp, mid_resnets_.back());
+        }
+        for (size_t j = 0; j < c.mid.attentions.size(); ++j) {
+            std::string ap = fmt::format("mid_block.attentions.{}", j);
+            mid_attns_.push_back(&add<Transformer2D>(ap, c.mid.attentions[j], G));
+            u.modules.emplace_back(ap, mid_attns_.back());
+        }
+        units_.push_back(std::move(u));
+    }
+    for (int b = 0; b < (int)c.up.size(); ++b) {
+        auto& ub = c.up[b];
+        for (int j = 0; j < (int)ub.resnets.size(); ++j) {
+            Unit u = make_unit(Kind::Up, b, j);
+            std::string rp = fmt::format("up_blocks.{}.resnets.{}", b, j);
+            u.resnet = &add<ResnetBlock2D>(rp, ub.resnets[j], G, eps);
+            u.modules.emplace_back(rp, u.resnet);
+            if (j < (int)ub.attentions.size()) {
+                std::string ap = fmt::format("up_blocks.{}.attentions.{}", b, j);
+                u.attn = &add<Transformer2D>(ap, ub.attentions[j], G);
+                u.modules.emplace_back(ap, u.attn);
+            }
+            if (ub.upsample && j + 1 == (int)ub.resnets.size()) {
+                std::string p = fmt::format("up_blocks.{}.upsamplers.0", b);
+                u.up = &add<Upsample2D>(p, ub.resnets.back().out);
+                u.modules.emplace_back(p, u.up);
+            }
+            units_.push_back(std::move(u));
+        }
+    }
+    conv_norm_out_ = &add<nn::GroupNorm>("conv_norm_out", G, c.model_channels, eps);
+    conv_out_ = &add<nn::Conv2d>("conv_out", c.model_channels, c.out_channels, c.conv_out_kernel, 1,
+                                 (c.conv_out_kernel - 1) / 2);
+}
+
+std::string UNet2DCondition::block_name(size_t i) const {
+    const Unit& u = units_.at(i);
+    switch (u.kind) {
+        case Kind::Down:
+            return fmt::format("down_blocks.{}.resnets.{}{}", u.block, u.layer,
+                               u.attn ? fmt::format("+attentions.{}", u.layer) : "");
+        case Kind::Downsample: return fmt::format("down_blocks.{}.downsamplers.0", u.block);
+        case Kind::Mid: return "mid_block";
+        case Kind::Up:
+            return fmt::format("up_blocks.{}.resnets.{}{}{}", u.block, u.layer,
+                               u.attn ? fmt::format("+attentions.{}", u.layer) : "", u.up ? "+upsamplers.0" : "");
+    }
+    return {};
+}
+
+void UNet2DCondition::visit_block_params(size_t i, const std::function<void(const std::string&, nn::Param&)>& fn) {
+    for (auto& [path, m] : units_.at(i).modules) m->visit_params(path, fn);
+}
+
+void UNet2DCondition::visit_prologue_params(const std::function<void(const std::string&, nn::Param&)>& fn) {
+    time_linear_1_->visit_params("time_embedding.linear_1", fn);
+    time_linear_2_->visit_params("time_embedding.linear_2", fn);
+    conv_in_->visit_params("conv_in", fn);
+}
+
+void UNet2DCondition::visit_epilogue_params(const std::function<void(const std::string&, nn::Param&)>& fn) {
+    conv_norm_out_->visit_params("conv_norm_out", fn);
+    conv_out_->visit_params("conv_out", fn);
+}
+
+void UNet2DCondition::validate(const UNetInputs& in) const {
+    if (!in.sample || !in.timestep || !in.context)
+        fail(ErrorKind::InvalidInput, "UNet needs sample, timestep and context tensors");
+    const ggml_tensor* x = in.sample;
+    if (x->type != GGML_TYPE_F32 || in.timestep->type != GGML_TYPE_F32 || in.context->type != GGML_TYPE_F32)
+        fail(ErrorKind::InvalidInput, "UNet inputs must be F32 tensors");
+    const int64_t N = x->ne[3];
+    if (x->ne[0] < 1 || x->ne[1] < 1 || x->ne[2] != cfg_.in_channels || N < 1)
+        fail(ErrorKind::InvalidInput, "UNet sample has shape [N={}, C={}, H={}, W={}]; this model needs C={} (latent channels)",
+             N, x->ne[2], x->ne[1], x->ne[0], cfg_.in_channels);
+    if (ggml_nelements(in.timestep) != N || in.timestep->ne[0] != N)
+        fail(ErrorKind::InvalidInput, "UNet timestep has {} values for a batch of {}; give one per sample",
+             ggml_nelements(in.timestep), N);
+    const ggml_tensor* ctx = in.context;
+    if (cfg_.context_dim > 0 && ctx->ne[0] != cfg_.context_dim)
+        fail(ErrorKind::InvalidInput,
+             "UNet conditioning has width {}, this model's cross-attention takes {}: wrong text encoder for this model",
+             ctx->ne[0], cfg_.context_dim);
+    if (ctx->ne[1] < 1 || ctx->ne[2] != N || ctx->ne[3] != 1)
+        fail(ErrorKind::InvalidInput, "UNet conditioning has shape [N={}, L={}, D={}] for a batch of {}", ctx->ne[2],
+             ctx->ne[1], ctx->ne[0], N);
+}
+
+UNetState UNet2DCondition::prologue(nn::Ctx& c, const UNetInputs& in) const {
+    validate(in);
+    UNetState s;
+    ggml_tensor* t = nn::timestep_embedding(c, in.timestep, (int)cfg_.time_proj_dim, cfg_.flip_sin_to_cos, cfg_.freq_shift);
+    ggml_tensor* emb = time_linear_2_->forward(c, ggml_silu(c.ctx, time_linear_1_->forward(c, t)));
+    s.temb = ggml_silu(c.ctx, emb);  // every ResnetBlock2D applies SiLU to temb first
+    s.context = in.context;
+    s.h = conv_in_->forward(c, in.sample);
+    s.skips.push_back(s.h);
+    return s;
+}
+
+void UNet2DCondition::forward_block(nn::Ctx& c, size_t i, UNetState& s) const {
+    const Unit& u = units_.at(i);
+    ggml_context* g = c.ctx;
+    switch (u.kind) {
+        case Kind::Down:
+            s.h = u.resnet->forward(c, s.h, s.temb);
+            if (u.attn) s.h = u.attn->forward(c, s.h, s.context);
+            s.skips.push_back(s.h);
+            break;
+        case Kind::Downsample:
+            s.h = u.down->forward(c, s.h);
+            s.skips.push_back(s.h);
+            break;
+        case Kind::Mid:
+            s.h = mid_resnets_[0]->forward(c, s.h, s.temb);
+            for (size_t j = 0; j < mid_attns_.size(); ++j) {
+                s.h = mid_attns_[j]->forward(c, s.h, s.context);
+                s.h = mid_resnets_[j + 1]->forward(c, s.h, s.temb);
+            }
+            if (mid_attns_.empty())
+                for (size_t j = 1; j < mid_resnets_.size(); ++j) s.h = mid_resnets_[j]->forward(c, s.h, s.temb);
+            break;
+        case Kind::Up: {
+            if (s.skips.empty()) fail(ErrorKind::Internal, "UNet {}: skip stack is empty", block_name(i));
+            ggml_tensor* skip = s.skips.back();
+            s.skips.pop_back();
+            if (skip->ne[0] != s.h->ne[0] || skip->ne[1] != s.h->ne[1])
+                fail(ErrorKind::Internal, "UNet {}: skip {}x{} does not match hidden {}x{}", block_name(i), skip->ne[0],
+                     skip->ne[1], s.h->ne[0], s.h->ne[1]);
+            s.h = ggml_concat(g, s.h, skip, 2);  // torch.cat([hidden, skip], dim=1)
+            s.h = u.resnet->forward(c, s.h, s.temb);
+            if (u.attn) s.h = u.attn->forward(c, s.h, s.context);
+            if (u.up) {
+                // diffusers passes upsample_size = size of the next skip when the input size is not
+                // a multiple of 2^num_upsamplers; otherwise that size is exactly 2x. Either way the
+                // target is the next skip's size.
+                int64_t ow = 2 * s.h->ne[0], oh = 2 * s.h->ne[1];
+                if (!s.skips.empty()) {
+                    ow = s.skips.back()->ne[0];
+                    oh = s.skips.back()->ne[1];
+                }
+                s.h = u.up->forward(c, s.h, ow, oh);
+            }
+            break;
+        }
+    }
+}
+
+ggml_tensor* UNet2DCondition::epilogue(nn::Ctx& c, UNetState& s) const {
+    ggml_tensor* h = ggml_silu(c.ctx, conv_norm_out_->forward(c, s.h));
+    return conv_out_->forward(c, h);
+}
+
+ggml_tensor* UNet2DCondition::forward(nn::Ctx& c, const UNetInputs& in) const {
+    UNetState s = prologue(c, in);
+    for (size_t i = 0; i < units_.size(); ++i) forward_block(c, i, s);
+    return epilogue(c, s);
+}
+
+}  // namespace easel::models::sd
