@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
 PACKAGES=(build-essential cmake git npm pkg-config
-  libstb-dev libpng-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
+  libstb-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3)
 
