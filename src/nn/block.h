@@ -96,11 +96,32 @@ public:
     /// The stored name a canonical name resolves to.
     std::string stored_name(const std::string& canonical) const;
 
+    /// A parameter whose data are a transform of one stored tensor (loader hook for layouts
+    /// that fuse or transpose tensors, e.g. OpenCLIP's fused in_proj_weight [3*D, D]).
+    struct Derived {
+        std::string stored;       ///< full stored name
+        int64_t row_begin = 0;    ///< first row (outermost dim, PyTorch order) taken
+        int64_t row_end = -1;     ///< one past the last row; -1 = all rows
+        bool transpose = false;   ///< 2-D transpose: stored [a, b] becomes [b, a]
+    };
+    /// Binds `canonical` to rows [row_begin, row_end) of the outermost dimension of the full
+    /// stored name `stored` (no copy: the rows are contiguous in the file). The parameter's
+    /// shape is the stored shape with dim 0 = row_end - row_begin. Row bounds are validated
+    /// by check_binding (reported as mis-shaped).
+    void slice_rows(const std::string& canonical, const std::string& stored, int64_t row_begin, int64_t row_end);
+    /// Binds `canonical` to the 2-D transpose of the full stored name `stored` (converted on
+    /// the host at load time; e.g. OpenCLIP text_projection [width, proj] -> Linear [proj, width]).
+    void transpose(const std::string& canonical, const std::string& stored);
+    /// The derivation of `canonical`, or nullptr when it binds one stored tensor as is.
+    const Derived* derived(const std::string& canonical) const;
+
 private:
     const io::WeightIndex* index_;
     std::string prefix_;
     std::unordered_map<std::string, std::string> renames_;
     std::function<std::string(const std::string&)> mapper_;
+    std::unordered_map<std::string, Derived> derived_;
+    std::unordered_map<std::string, io::TensorInfo> derived_info_;  // what find() returns for derived params
 };
 
 /// Options of ParamBuffer::load().
@@ -128,8 +149,17 @@ public:
     static ParamBuffer load(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
                             const LoadOptions& opt = {});
 
+    /// Creates the tensors of every parameter of `root` in one buffer of `buft` without data
+    /// (F32 for every role unless `type_of` says otherwise), for code that fills parameters
+    /// itself (tests, generated weights). Optional parameters are created too.
+    /// Throws Error(OutOfMemory) if the buffer cannot be allocated.
+    static ParamBuffer allocate(Block& root, ggml_backend_buffer_type_t buft,
+                                const std::function<ggml_type(const std::string&, const Param&)>& type_of = {});
+
     /// Bytes of the backend buffer.
     size_t size() const;
+    /// The backend buffer (nullptr when empty).
+    ggml_backend_buffer_t buffer() const { return buf_; }
 
 private:
     ggml_context* ctx_ = nullptr;

@@ -25,7 +25,10 @@ public:
     Param* b = nullptr;
 };
 
-/// torch.nn.Conv2d (dilation 1, groups 1). weight [out, in, k, k], bias [out]. x: {W, H, in, N}.
+/// torch.nn.Conv2d (dilation 1, groups 1). weight [out, in, k, k], bias [out]. x: {W, H, in, N};
+/// returns {OW, OH, out, N}. im2col in the kernel's type (F32 kernel: exact F32; F16 kernel:
+/// data rounded to F16 as ggml_conv_2d does) + one matmul; 1x1 stride-1 kernels are a plain
+/// matmul over channels. Throws Error(InvalidInput) on a channel mismatch or a too-small image.
 class Conv2d : public Block {
 public:
     Conv2d(int64_t in, int64_t out, int kernel, int stride = 1, int padding = 0, bool bias = true);
