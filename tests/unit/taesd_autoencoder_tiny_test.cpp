@@ -1,0 +1,176 @@
+// TAESD / AutoencoderTiny against the diffusers fixture (tests/data/reference/
+// autoencoder_tiny_taesd_tiny), in the diffusers layout and renamed to the original taesd.py
+// layout (one file per half, decoder index 0 = Clamp).
+#include "core/error.h"
+#include "io/weight_index.h"
+#include "models/vae/taesd.h"
+
+#include <ggml-backend.h>
+#include <ggml-cpu.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+using namespace easel;
+using vae::HostTensor;
+
+namespace {
+
+std::filesystem::path ref(const std::string& name) { return std::filesystem::path(EASEL_TEST_DATA) / "reference" / name; }
+
+HostTensor read4(const io::WeightIndex& idx, const std::string& name) {
+    const io::TensorInfo* t = idx.find(name);
+    if (!t) throw std::runtime_error("fixture lacks " + name);
+    HostTensor h(t->shape[0], t->shape[1], t->shape[2], t->shape[3]);
+    h.data = idx.read_f32(*t);
+    return h;
+}
+
+float max_abs_diff(const HostTensor& a, const HostTensor& b) {
+    EXPECT_EQ(a.n, b.n);
+    EXPECT_EQ(a.c, b.c);
+    EXPECT_EQ(a.h, b.h);
+    EXPECT_EQ(a.w, b.w);
+    if (a.data.size() != b.data.size()) return INFINITY;
+    float m = 0;
+    for (size_t i = 0; i < a.data.size(); ++i) m = std::max(m, std::fabs(a.data[i] - b.data[i]));
+    return m;
+}
+
+struct Backend {
+    ggml_backend_t b = ggml_backend_cpu_init();
+    ~Backend() { ggml_backend_free(b); }
+};
+
+struct StTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+};
+void write_safetensors(const std::filesystem::path& path, const std::vector<StTensor>& ts) {
+    nlohmann::json h = nlohmann::json::object();
+    size_t off = 0;
+    for (auto& t : ts) {
+        h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + t.data.size() * 4}}};
+        off += t.data.size() * 4;
+    }
+    std::string hs = h.dump();
+    while (hs.size() % 8) hs += ' ';
+    std::ofstream f(path, std::ios::binary);
+    uint64_t n = hs.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(hs.data(), std::streamsize(hs.size()));
+    for (auto& t : ts) f.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size() * 4));
+}
+
+const char* kFixture = "autoencoder_tiny_taesd_tiny.safetensors";
+
+}  // namespace
+
+TEST(TaesdAutoencoderTiny, ParsesDiffusersLayout) {
+    auto idx = io::WeightIndex::open(ref(kFixture));
+    auto s = vae::find_taesd(idx);
+    ASSERT_TRUE(s.encoder_prefix.has_value());
+    ASSERT_TRUE(s.decoder_prefix.has_value());
+    using K = vae::TaesdLayer::Kind;
+    auto enc = vae::parse_taesd_layers(idx, *s.encoder_prefix, vae::TaesdPart::Encoder);
+    // EncoderTiny (1,3,3,3): conv, block, [conv s2, 3 blocks] x 3, conv -> 15 layers
+    ASSERT_EQ(enc.size(), 15u);
+    EXPECT_EQ(enc[0].kind, K::Conv);
+    EXPECT_EQ(enc[0].stride, 1);
+    EXPECT_EQ(enc[1].kind, K::Block);
+    EXPECT_EQ(enc[2].kind, K::Conv);
+    EXPECT_EQ(enc[2].stride, 2);
+    EXPECT_FALSE(enc[2].bias);
+    EXPECT_EQ(enc[14].stride, 1);
+    EXPECT_EQ(enc[14].out, 4);
+    auto dec = vae::parse_taesd_layers(idx, *s.decoder_prefix, vae::TaesdPart::Decoder);
+    // DecoderTiny (3,3,3,1): conv, relu, [3 blocks, up, conv] x 3, block, conv -> 19 layers
+    ASSERT_EQ(dec.size(), 19u);
+    EXPECT_EQ(dec[1].kind, K::Relu);
+    EXPECT_EQ(dec[5].kind, K::Upsample);
+    EXPECT_EQ(dec[18].out, 3);
+}
+
+TEST(TaesdAutoencoderTiny, MatchesDiffusers) {
+    auto idx = io::WeightIndex::open(ref(kFixture));
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(idx, be.b);
+    EXPECT_EQ(m->latent_channels(), 4);
+    EXPECT_EQ(m->spatial_factor(), 8);
+    const float e_lat = max_abs_diff(m->encode(read4(idx, "__input__.image")), read4(idx, "__output__.latents"));
+    const float e_dec = max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent"));
+    std::printf("[taesd tiny] max abs error: latents %.3g decoded_latent %.3g\n", e_lat, e_dec);
+    EXPECT_LT(e_lat, 1e-4f);
+    EXPECT_LT(e_dec, 1e-4f);
+}
+
+// The same weights in taesd.py's layout: encoder "N.*" with the same indices, decoder "N.*"
+// shifted by one (index 0 is the Clamp), one file per half.
+TEST(TaesdAutoencoderTiny, OriginalLayoutMatchesDiffusers) {
+    auto idx = io::WeightIndex::open(ref(kFixture));
+    std::vector<StTensor> enc, dec;
+    for (const auto& t : idx.tensors()) {
+        const std::string& n = t.name;
+        if (n.rfind("encoder.layers.", 0) == 0) {
+            enc.push_back({n.substr(15), t.shape, idx.read_f32(t)});
+        } else if (n.rfind("decoder.layers.", 0) == 0) {
+            std::string rest = n.substr(15);
+            const size_t dot = rest.find('.');
+            dec.push_back({std::to_string(std::stoi(rest.substr(0, dot)) + 1) + rest.substr(dot), t.shape, idx.read_f32(t)});
+        }
+    }
+    auto tmp = std::filesystem::temp_directory_path();
+    write_safetensors(tmp / "easel_taesd_encoder.safetensors", enc);
+    write_safetensors(tmp / "easel_taesd_decoder.safetensors", dec);
+    auto ie = io::WeightIndex::open(tmp / "easel_taesd_encoder.safetensors");
+    auto id = io::WeightIndex::open(tmp / "easel_taesd_decoder.safetensors");
+    auto se = vae::find_taesd(ie);
+    auto sd = vae::find_taesd(id);
+    EXPECT_EQ(se.encoder_prefix.value_or("?"), "");
+    EXPECT_FALSE(se.decoder_prefix.has_value());
+    EXPECT_EQ(sd.decoder_prefix.value_or("?"), "");
+    EXPECT_FALSE(sd.encoder_prefix.has_value());
+
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(&ie, &id, be.b);
+    const float e_lat = max_abs_diff(m->encode(read4(idx, "__input__.image")), read4(idx, "__output__.latents"));
+    const float e_dec = max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent"));
+    std::printf("[taesd original layout] max abs error: latents %.3g decoded_latent %.3g\n", e_lat, e_dec);
+    EXPECT_LT(e_lat, 1e-4f);
+    EXPECT_LT(e_dec, 1e-4f);
+
+    // A decoder file given as the encoder is refused with a clear error.
+    try {
+        vae::TinyAutoencoder::load(&id, nullptr, be.b);
+        FAIL() << "a decoder file must not load as an encoder";
+    } catch (const Error& err) {
+        EXPECT_EQ(err.kind(), ErrorKind::ModelMismatch);
+    }
+    std::filesystem::remove(tmp / "easel_taesd_encoder.safetensors");
+    std::filesystem::remove(tmp / "easel_taesd_decoder.safetensors");
+}
+
+TEST(TaesdAutoencoderTiny, RejectsBadInput) {
+    auto idx = io::WeightIndex::open(ref(kFixture));
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(idx, be.b);
+    EXPECT_THROW(m->decode(HostTensor(1, 16, 4, 4)), Error);
+    EXPECT_THROW(m->encode(HostTensor(1, 3, 12, 16)), Error);  // 12 is not a multiple of 8
+}
+
+TEST(TaesdAutoencoderTiny, LatentScaling) {
+    std::vector<float> x{-3.0f, 0.0f, 3.0f, 9.0f};
+    vae::taesd_scale_latents(x);
+    EXPECT_FLOAT_EQ(x[0], 0.0f);
+    EXPECT_FLOAT_EQ(x[1], 0.5f);
+    EXPECT_FLOAT_EQ(x[2], 1.0f);
+    EXPECT_FLOAT_EQ(x[3], 1.0f);  // clamped
+    vae::taesd_unscale_latents(x);
+    EXPECT_FLOAT_EQ(x[0], -3.0f);
+    EXPECT_FLOAT_EQ(x[1], 0.0f);
+}
