@@ -218,4 +218,14 @@ ggml_tensor* UNet2DCondition::forward(nn::Ctx& c, const UNetInputs& in) const {
     return epilogue(c, s);
 }
 
+LoadedUNet load_unet(const io::WeightIndex& index, ggml_backend_buffer_type_t buft, const UNetOverrides& ov,
+                     const nn::LoadOptions& opt) {
+    LoadedUNet r;
+    UNetConfig cfg = infer_unet_config(index, ov);
+    nn::TensorSource src = make_unet_source(index, cfg);
+    r.net = std::make_unique<UNet2DCondition>(std::move(cfg));
+    r.params = nn::ParamBuffer::load(*r.net, src, buft, opt);
+    return r;
+}
+
 }  // namespace easel::models::sd

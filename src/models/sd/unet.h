@@ -23,6 +23,7 @@
 #include "models/sd/unet_config.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,5 +104,16 @@ private:
     nn::Conv2d* conv_out_;
     std::vector<Unit> units_;
 };
+
+/// A UNet with its parameters loaded.
+struct LoadedUNet {
+    std::unique_ptr<UNet2DCondition> net;
+    nn::ParamBuffer params;
+};
+
+/// infer_unet_config(index, ov), builds the tree and loads its parameters into `buft` through
+/// make_unet_source(). Throws as infer_unet_config() and nn::ParamBuffer::load().
+LoadedUNet load_unet(const io::WeightIndex& index, ggml_backend_buffer_type_t buft, const UNetOverrides& ov = {},
+                     const nn::LoadOptions& opt = {});
 
 }  // namespace easel::models::sd

@@ -336,7 +336,20 @@ nn::TensorSource make_unet_source(const io::WeightIndex& index, const UNetConfig
     return src;
 }
 
-UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& ov) {
+UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& given) {
+    // fields not given fall back to the config.json found beside the weights (diffusers folder)
+    UNetOverrides ov = given;
+    if (const nlohmann::json* j = index.config(); j && j->is_object() && j->contains("block_out_channels")) {
+        UNetOverrides f = unet_overrides_from_diffusers_config(*j);
+        if (!ov.num_heads && !ov.head_dim) {
+            ov.num_heads = f.num_heads;
+            if (ov.num_heads) ov.source = "config.json";
+        }
+        if (!ov.norm_groups) ov.norm_groups = f.norm_groups;
+        if (!ov.norm_eps) ov.norm_eps = f.norm_eps;
+        if (!ov.flip_sin_to_cos) ov.flip_sin_to_cos = f.flip_sin_to_cos;
+        if (!ov.freq_shift) ov.freq_shift = f.freq_shift;
+    }
     UNetConfig c;
     // 1. layout and prefix
     static const char* prefixes[] = {"", "model.diffusion_model.", "diffusion_model.", "unet."};

@@ -141,7 +141,9 @@ struct UNetConfig {
 };
 
 /// Infers the UNet structure from the tensors of `index` (diffusers or LDM names, with or
-/// without the "model.diffusion_model." / "unet." prefix). `ov` supplies heads/groups/etc.
+/// without the "model.diffusion_model." / "unet." prefix). `ov` supplies heads/groups/etc.;
+/// fields it leaves unset come from index.config() (a diffusers config.json beside the
+/// weights) when there is one, else from the family convention.
 /// Throws Error(ModelMismatch) when the weights are not a UNet2DConditionModel, and
 /// Error(InvalidInput) when a channel count does not divide by the heads or groups given.
 UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& ov = {});
