@@ -1,0 +1,434 @@
+// Samplers: see sampler.h and docs/sampling.md for the methods and their sources.
+#include "sampling/sampler.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+namespace easel::sampling {
+
+namespace {
+
+std::string lower(std::string_view s) {
+    std::string r(s);
+    for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// k-diffusion get_ancestral_step: (sigma_down, sigma_up).
+std::pair<double, double> ancestral_step(double s, double sn, double eta) {
+    if (eta == 0.0 || sn == 0.0) return {sn, 0.0};
+    const double up = std::min(sn, eta * std::sqrt(sn * sn * (s * s - sn * sn) / (s * s)));
+    const double down = std::sqrt(sn * sn - up * up);
+    return {down, up};
+}
+
+}  // namespace
+
+SamplerKind parse_sampler(std::string_view name) {
+    const std::string s = lower(name);
+    if (s == "euler") return SamplerKind::Euler;
+    if (s == "euler_a") return SamplerKind::EulerA;
+    if (s == "heun") return SamplerKind::Heun;
+    if (s == "dpm2") return SamplerKind::Dpm2;
+    if (s == "dpm++2m") return SamplerKind::DpmPP2M;
+    if (s == "dpm++2s_a") return SamplerKind::DpmPP2SA;
+    if (s == "lcm") return SamplerKind::Lcm;
+    if (s == "ddim_trailing") return SamplerKind::DdimTrailing;
+    if (s == "dpm++2mv2" || s == "ipndm" || s == "ipndm_v" || s == "tcd" || s == "res_multistep" || s == "res_2s" ||
+        s == "er_sde" || s == "dpm++2m_sde" || s == "euler_a_cfg_pp")
+        fail(ErrorKind::Unsupported,
+             "sampling method '{}' is not implemented yet: use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm "
+             "or ddim_trailing",
+             name);
+    fail(ErrorKind::InvalidInput,
+         "unknown sampling method '{}': use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm or ddim_trailing", name);
+}
+
+const char* sampler_name(SamplerKind kind) {
+    switch (kind) {
+        case SamplerKind::Euler: return "euler";
+        case SamplerKind::EulerA: return "euler_a";
+        case SamplerKind::Heun: return "heun";
+        case SamplerKind::Dpm2: return "dpm2";
+        case SamplerKind::DpmPP2M: return "dpm++2m";
+        case SamplerKind::DpmPP2SA: return "dpm++2s_a";
+        case SamplerKind::Lcm: return "lcm";
+        case SamplerKind::DdimTrailing: return "ddim_trailing";
+    }
+    return "?";
+}
+
+float default_eta(SamplerKind kind) {
+    return (kind == SamplerKind::EulerA || kind == SamplerKind::DpmPP2SA) ? 1.0f : 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------
+// State serialisation.
+
+namespace {
+
+constexpr int64_t kStateVersion = 1;
+
+template <typename T>
+const std::vector<T>& get(const StateMap& m, const std::string& key) {
+    auto it = m.find(key);
+    if (it == m.end()) fail(ErrorKind::InvalidInput, "sampler state: missing entry '{}'", key);
+    const auto* v = std::get_if<std::vector<T>>(&it->second);
+    if (!v) fail(ErrorKind::InvalidInput, "sampler state: entry '{}' has the wrong element type", key);
+    return *v;
+}
+
+template <typename T>
+T get_scalar(const StateMap& m, const std::string& key) {
+    const auto& v = get<T>(m, key);
+    if (v.size() != 1) fail(ErrorKind::InvalidInput, "sampler state: entry '{}' must hold 1 value, has {}", key, v.size());
+    return v[0];
+}
+
+}  // namespace
+
+StateMap SamplerState::to_map() const {
+    StateMap m;
+    const std::string name = sampler_name(kind);
+    m["version"] = std::vector<int64_t>{kStateVersion};
+    m["sampler"] = std::vector<uint8_t>(name.begin(), name.end());
+    m["flow"] = std::vector<int64_t>{flow ? 1 : 0};
+    m["shape"] = shape;
+    m["x"] = x;
+    m["step"] = std::vector<int64_t>{step};
+    m["sigmas"] = sigmas;
+    m["timesteps"] = timesteps;
+    m["eta"] = std::vector<float>{eta};
+    m["s_noise"] = std::vector<float>{s_noise};
+    m["rng"] = rng;
+    m["old_denoised"] = old_denoised;
+    return m;
+}
+
+SamplerState SamplerState::from_map(const StateMap& m) {
+    const int64_t version = get_scalar<int64_t>(m, "version");
+    if (version != kStateVersion)
+        fail(ErrorKind::InvalidInput, "sampler state has format version {}, this easel reads version {}", version,
+             kStateVersion);
+    SamplerState s;
+    const auto& name = get<uint8_t>(m, "sampler");
+    s.kind = parse_sampler(std::string(name.begin(), name.end()));
+    s.flow = get_scalar<int64_t>(m, "flow") != 0;
+    s.shape = get<int64_t>(m, "shape");
+    s.x = get<float>(m, "x");
+    s.step = get_scalar<int64_t>(m, "step");
+    s.sigmas = get<float>(m, "sigmas");
+    s.timesteps = get<float>(m, "timesteps");
+    s.eta = get_scalar<float>(m, "eta");
+    s.s_noise = get_scalar<float>(m, "s_noise");
+    s.rng = get<int64_t>(m, "rng");
+    s.old_denoised = get<float>(m, "old_denoised");
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------
+
+Sampler::Sampler(SamplerKind kind, const Schedule& schedule, std::vector<int64_t> shape, std::vector<float> x_init,
+                 Rng rng, bool flow, float eta, float s_noise)
+    : rng_(std::move(rng)) {
+    st_.kind = kind;
+    st_.flow = flow;
+    st_.shape = std::move(shape);
+    st_.x = std::move(x_init);
+    st_.sigmas = schedule.sigmas;
+    st_.timesteps = schedule.timesteps;
+    st_.eta = eta < 0 ? default_eta(kind) : eta;
+    st_.s_noise = s_noise;
+    st_.rng = rng_.save();
+    validate();
+}
+
+Sampler::Sampler(SamplerState state) : st_(std::move(state)), rng_(Rng::restore(st_.rng)) { validate(); }
+
+void Sampler::validate() const {
+    const auto& s = st_;
+    int64_t numel = 1;
+    if (s.shape.empty() || s.shape.size() > 8) fail(ErrorKind::InvalidInput, "sampler: latent shape must have 1..8 dims");
+    for (int64_t d : s.shape) {
+        if (d <= 0 || d > (int64_t(1) << 31)) fail(ErrorKind::InvalidInput, "sampler: bad latent dimension {}", d);
+        numel *= d;
+        if (numel > (int64_t(1) << 34)) fail(ErrorKind::InvalidInput, "sampler: latent too large");
+    }
+    if (static_cast<int64_t>(s.x.size()) != numel)
+        fail(ErrorKind::InvalidInput, "sampler: latent has {} values, its shape needs {}", s.x.size(), numel);
+    const size_t n = s.timesteps.size();
+    if (n < 1 || s.sigmas.size() != n + 1)
+        fail(ErrorKind::InvalidInput, "sampler: schedule needs steps+1 sigmas for steps >= 1 timesteps (got {} and {})",
+             s.sigmas.size(), n);
+    for (size_t i = 0; i < s.sigmas.size(); ++i) {
+        const float v = s.sigmas[i];
+        if (!std::isfinite(v) || v < 0 || (i < n && v <= 0) || (s.flow && v > 1.0f))
+            fail(ErrorKind::InvalidInput, "sampler: sigma {} = {} is out of range{}", i, v, s.flow ? " (flow: (0, 1])" : "");
+        if (i > 0 && v > s.sigmas[i - 1])
+            fail(ErrorKind::InvalidInput, "sampler: sigmas must not increase (sigma {} = {} > {})", i, v, s.sigmas[i - 1]);
+    }
+    for (float t : s.timesteps)
+        if (!std::isfinite(t)) fail(ErrorKind::InvalidInput, "sampler: non-finite timestep");
+    if (s.step < 0 || s.step > static_cast<int64_t>(n))
+        fail(ErrorKind::InvalidInput, "sampler: step {} out of range 0..{}", s.step, n);
+    if (!std::isfinite(s.eta) || s.eta < 0 || !std::isfinite(s.s_noise))
+        fail(ErrorKind::InvalidInput, "sampler: eta ({}) must be >= 0 and s_noise ({}) finite", s.eta, s.s_noise);
+    if (!s.old_denoised.empty() && s.old_denoised.size() != s.x.size())
+        fail(ErrorKind::InvalidInput, "sampler: history has {} values, latent {}", s.old_denoised.size(), s.x.size());
+    if (s.flow && (s.kind == SamplerKind::DpmPP2SA || s.kind == SamplerKind::DdimTrailing))
+        fail(ErrorKind::InvalidInput, "sampling method {} has no flow form here: use euler, euler_a, heun, dpm2, "
+             "dpm++2m or lcm with flow models", sampler_name(s.kind));
+}
+
+std::vector<float> Sampler::noise() { return rng_.randn(static_cast<int64_t>(st_.x.size())); }
+
+void Sampler::step(Denoiser& d) {
+    if (done()) fail(ErrorKind::InvalidInput, "sampler: all {} steps are done", steps());
+    if (d.model_sampling().is_flow() != st_.flow)
+        fail(ErrorKind::InvalidInput, "sampler state is in {} form but the denoiser's model is {}",
+             st_.flow ? "flow" : "variance-exploding", d.model_sampling().is_flow() ? "a flow model" : "an eps/v model");
+    const int64_t i = st_.step;
+    const double s = st_.sigmas[i], sn = st_.sigmas[i + 1];
+    const double t = st_.timesteps[i];
+    auto& x = st_.x;
+    const size_t n = x.size();
+    den_.resize(n);
+    d.denoise(x, s, t, den_);
+
+    switch (st_.kind) {
+        case SamplerKind::Euler: {
+            for (size_t k = 0; k < n; ++k) {
+                const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                x[k] = static_cast<float>(x[k] + dk * (sn - s));
+            }
+            break;
+        }
+        case SamplerKind::EulerA: {
+            if (!st_.flow) {
+                const auto [down, up] = ancestral_step(s, sn, st_.eta);
+                for (size_t k = 0; k < n; ++k) {
+                    const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                    x[k] = static_cast<float>(x[k] + dk * (down - s));
+                }
+                if (sn > 0) {
+                    const auto z = noise();
+                    const double c = static_cast<double>(st_.s_noise) * up;
+                    for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
+                }
+            } else if (sn == 0) {
+                x = den_;
+            } else {
+                // ComfyUI sample_euler_ancestral_RF
+                const double eta = st_.eta;
+                const double down = sn * (1.0 + (sn / s - 1.0) * eta);
+                const double alpha_n = 1.0 - sn, alpha_down = 1.0 - down;
+                const double renoise = std::sqrt(std::max(0.0, sn * sn - down * down * alpha_n * alpha_n / (alpha_down * alpha_down)));
+                const double ratio = down / s;
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(ratio * x[k] + (1.0 - ratio) * den_[k]);
+                if (eta > 0) {
+                    const auto z = noise();
+                    const double a = alpha_n / alpha_down, c = static_cast<double>(st_.s_noise) * renoise;
+                    for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a * x[k] + z[k] * c);
+                }
+            }
+            break;
+        }
+        case SamplerKind::Heun: {
+            if (sn == 0) {
+                for (size_t k = 0; k < n; ++k) {
+                    const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                    x[k] = static_cast<float>(x[k] + dk * (sn - s));
+                }
+                break;
+            }
+            tmp_.resize(n);  // x2
+            for (size_t k = 0; k < n; ++k) {
+                const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                tmp_[k] = static_cast<float>(x[k] + dk * (sn - s));
+            }
+            tmp2_.resize(n);
+            d.denoise(tmp_, sn, st_.timesteps.size() > static_cast<size_t>(i + 1) ? st_.timesteps[i + 1] : kNaN, tmp2_);
+            for (size_t k = 0; k < n; ++k) {
+                const double d1 = (x[k] - static_cast<double>(den_[k])) / s;
+                const double d2 = (tmp_[k] - static_cast<double>(tmp2_[k])) / sn;
+                x[k] = static_cast<float>(x[k] + (d1 + d2) / 2.0 * (sn - s));
+            }
+            break;
+        }
+        case SamplerKind::Dpm2: {
+            if (sn == 0) {
+                for (size_t k = 0; k < n; ++k) {
+                    const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                    x[k] = static_cast<float>(x[k] + dk * (sn - s));
+                }
+                break;
+            }
+            const double mid = std::exp(0.5 * (std::log(s) + std::log(sn)));
+            tmp_.resize(n);
+            for (size_t k = 0; k < n; ++k) {
+                const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                tmp_[k] = static_cast<float>(x[k] + dk * (mid - s));
+            }
+            tmp2_.resize(n);
+            d.denoise(tmp_, mid, kNaN, tmp2_);
+            for (size_t k = 0; k < n; ++k) {
+                const double d2 = (tmp_[k] - static_cast<double>(tmp2_[k])) / mid;
+                x[k] = static_cast<float>(x[k] + d2 * (sn - s));
+            }
+            break;
+        }
+        case SamplerKind::DpmPP2M: {
+            // x_next = (sn/s) x - alpha_n expm1(-h) D', lambda = log(alpha/sigma),
+            // alpha = 1 (VE) or 1 - sigma (flow); D' = (1 + 1/(2r)) D - 1/(2r) D_prev, r = h_last/h.
+            auto lambda = [&](double sig) { return std::log(st_.flow ? 1.0 - sig : 1.0) - std::log(sig); };
+            if (sn == 0) {
+                x = den_;
+            } else {
+                const double alpha_n = st_.flow ? 1.0 - sn : 1.0;
+                const double h = lambda(sn) - lambda(s);
+                const double ratio = sn / s, coef = -alpha_n * std::expm1(-h);
+                double c_cur = 1.0, c_old = 0.0;
+                if (!st_.old_denoised.empty() && i > 0) {
+                    const double h_last = lambda(s) - lambda(st_.sigmas[i - 1]);
+                    if (std::isfinite(h_last) && h_last > 0) {
+                        const double r = h_last / h;
+                        c_cur = 1.0 + 1.0 / (2.0 * r);
+                        c_old = -1.0 / (2.0 * r);
+                    }
+                }
+                for (size_t k = 0; k < n; ++k) {
+                    const double dd = c_cur * den_[k] + (c_old != 0.0 ? c_old * st_.old_denoised[k] : 0.0);
+                    x[k] = static_cast<float>(ratio * x[k] + coef * dd);
+                }
+            }
+            st_.old_denoised = den_;
+            break;
+        }
+        case SamplerKind::DpmPP2SA: {
+            const auto [down, up] = ancestral_step(s, sn, st_.eta);
+            if (down == 0) {
+                for (size_t k = 0; k < n; ++k) {
+                    const double dk = (x[k] - static_cast<double>(den_[k])) / s;
+                    x[k] = static_cast<float>(x[k] + dk * (down - s));
+                }
+            } else {
+                // t = -log sigma; s_mid = t + h/2; sigma_fn(t) = exp(-t)
+                const double tt = -std::log(s), tn = -std::log(down);
+                const double h = tn - tt;
+                const double smid = std::exp(-(tt + 0.5 * h));
+                tmp_.resize(n);
+                const double r1 = smid / s, c1 = -std::expm1(-0.5 * h);
+                for (size_t k = 0; k < n; ++k) tmp_[k] = static_cast<float>(r1 * x[k] + c1 * den_[k]);
+                tmp2_.resize(n);
+                d.denoise(tmp_, smid, kNaN, tmp2_);
+                const double r2 = down / s, c2 = -std::expm1(-h);
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(r2 * x[k] + c2 * tmp2_[k]);
+            }
+            if (sn > 0) {
+                const auto z = noise();
+                const double c = static_cast<double>(st_.s_noise) * up;
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
+            }
+            break;
+        }
+        case SamplerKind::Lcm: {
+            x = den_;
+            if (sn > 0) {
+                const auto z = noise();
+                for (size_t k = 0; k < n; ++k)
+                    x[k] = st_.flow ? static_cast<float>((1.0 - sn) * x[k] + sn * z[k])
+                                    : static_cast<float>(x[k] + sn * z[k]);
+            }
+            break;
+        }
+        case SamplerKind::DdimTrailing: {
+            // VE form of DDIM: x = D + sqrt(sn^2 - su^2) eps + su z, eps = (x - D)/s,
+            // su = eta sqrt(sn^2 (s^2 - sn^2)/s^2) (= DDIM's sigma_t / sqrt(alpha_prev)).
+            const double su = (s > sn) ? st_.eta * std::sqrt(sn * sn * (s * s - sn * sn) / (s * s)) : 0.0;
+            const double dir = std::sqrt(std::max(0.0, sn * sn - su * su));
+            for (size_t k = 0; k < n; ++k) {
+                const double eps = (x[k] - static_cast<double>(den_[k])) / s;
+                x[k] = static_cast<float>(den_[k] + dir * eps);
+            }
+            if (st_.eta > 0) {
+                const auto z = noise();
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + su * z[k]);
+            }
+            break;
+        }
+    }
+    ++st_.step;
+}
+
+void Sampler::run(Denoiser& d, const std::function<void(const SamplerState&)>& after_step) {
+    while (!done()) {
+        step(d);
+        if (after_step) after_step(state());
+    }
+}
+
+SamplerState Sampler::state() const {
+    SamplerState s = st_;
+    s.rng = rng_.save();
+    return s;
+}
+
+std::vector<float> Sampler::result() const {
+    if (st_.kind == SamplerKind::DdimTrailing && done()) {
+        const double sl = st_.sigmas.back();
+        const double c = 1.0 / std::sqrt(sl * sl + 1.0);
+        std::vector<float> out(st_.x.size());
+        for (size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(st_.x[k] * c);
+        return out;
+    }
+    return st_.x;
+}
+
+std::vector<float> noise_latent(std::span<const float> x0, std::span<const float> noise, double sigma, bool flow) {
+    if (!x0.empty() && x0.size() != noise.size())
+        fail(ErrorKind::InvalidInput, "noise_latent: latent has {} values, noise {}", x0.size(), noise.size());
+    if (!std::isfinite(sigma) || sigma < 0 || (flow && sigma > 1))
+        fail(ErrorKind::InvalidInput, "noise_latent: sigma {} out of range", sigma);
+    std::vector<float> out(noise.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+        const double a = x0.empty() ? 0.0 : x0[k];
+        out[k] = flow ? static_cast<float>((1.0 - sigma) * a + sigma * noise[k]) : static_cast<float>(a + sigma * noise[k]);
+    }
+    return out;
+}
+
+void inpaint_blend(std::span<float> x, std::span<const float> known, std::span<const float> mask,
+                   std::span<const int64_t> shape) {
+    if (known.size() != x.size())
+        fail(ErrorKind::InvalidInput, "inpaint_blend: known latent has {} values, latent {}", known.size(), x.size());
+    const size_t n = x.size();
+    if (mask.size() == n) {
+        for (size_t k = 0; k < n; ++k) x[k] = mask[k] * x[k] + (1.0f - mask[k]) * known[k];
+        return;
+    }
+    if (shape.size() < 2) fail(ErrorKind::InvalidInput, "inpaint_blend: a broadcast mask needs the latent shape [N, C, ...]");
+    size_t numel = 1;
+    for (int64_t d : shape) {
+        if (d <= 0) fail(ErrorKind::InvalidInput, "inpaint_blend: bad latent dimension {}", d);
+        numel *= static_cast<size_t>(d);
+    }
+    const size_t batch = static_cast<size_t>(shape[0]), channels = static_cast<size_t>(shape[1]);
+    const size_t plane = numel / (batch * channels);
+    if (numel != n || mask.size() != batch * plane)
+        fail(ErrorKind::InvalidInput, "inpaint_blend: mask has {} values; need {} (full) or {} ([N, 1, ...])", mask.size(),
+             n, batch * plane);
+    for (size_t b = 0; b < batch; ++b)
+        for (size_t c = 0; c < channels; ++c) {
+            const size_t off = (b * channels + c) * plane;
+            const float* m = mask.data() + b * plane;
+            for (size_t p = 0; p < plane; ++p) x[off + p] = m[p] * x[off + p] + (1.0f - m[p]) * known[off + p];
+        }
+}
+
+}  // namespace easel::sampling

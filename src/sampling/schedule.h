@@ -1,0 +1,153 @@
+// Noise schedules: the model's noise process (ModelSampling) and the sigma schedules that
+// samplers walk (Schedule), with sd-cli's --scheduler names.
+//
+// Conventions (k-diffusion, Karras et al. 2022 "Elucidating the Design Space of
+// Diffusion-Based Generative Models", arXiv:2206.00364):
+//   * discrete (SD1.x/2.x/SDXL) models are seen in variance-exploding form: x = x0 + sigma*noise,
+//     sigma(t) = sqrt((1 - alphas_cumprod[t]) / alphas_cumprod[t]);
+//   * flow (rectified-flow: SD3, FLUX, Z-Image) models: x = (1 - sigma)*x0 + sigma*noise,
+//     sigma in [0, 1].
+// A Schedule holds steps+1 descending sigmas ending in 0, and for every step the timestep
+// passed to the network.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace easel::sampling {
+
+/// What the network predicts: noise (eps), v (Salimans & Ho 2022, arXiv:2202.00512), or the
+/// rectified-flow velocity noise - x0 (flow).
+enum class Prediction { Eps, V, Flow };
+
+/// Parses "eps" / "epsilon", "v" / "v_prediction", "flow". Throws Error(InvalidInput).
+Prediction parse_prediction(std::string_view name);
+const char* prediction_name(Prediction p);
+
+/// The model's noise process (k-diffusion's model_sampling).
+class ModelSampling {
+public:
+    /// A DDPM-trained model (SD1.x/2.x/SDXL) with "scaled_linear" betas:
+    /// betas = linspace(sqrt(beta_start), sqrt(beta_end), timesteps)^2 in float32 (torch),
+    /// alphas_cumprod = cumprod(1 - betas) (float64 accumulation, stored float32),
+    /// sigmas = sqrt((1 - ac)/ac) in float32, as diffusers' EulerDiscreteScheduler.__init__.
+    /// prediction must be Eps or V. Throws Error(InvalidInput) on bad arguments.
+    static ModelSampling discrete(Prediction prediction = Prediction::Eps, double beta_start = 0.00085,
+                                  double beta_end = 0.012, int timesteps = 1000);
+    /// A rectified-flow model with a static shift (SD3: 3.0, Z-Image: 3.0, FLUX schnell: 1.0):
+    /// sigma(t) = shift*s / (1 + (shift-1)*s), s = t/timesteps
+    /// (diffusers FlowMatchEulerDiscreteScheduler, ComfyUI time_snr_shift).
+    static ModelSampling flow(double shift = 1.0, int timesteps = 1000);
+    /// A rectified-flow model with resolution-dependent ("dynamic") shift mu (FLUX.1-dev):
+    /// sigma(t) = exp(mu) / (exp(mu) + (1/s - 1)), s = t/timesteps
+    /// (diffusers _time_shift_exponential with sigma = 1). See flux_mu().
+    static ModelSampling flow_dynamic(double mu, int timesteps = 1000);
+
+    Prediction prediction() const { return prediction_; }
+    bool is_flow() const { return prediction_ == Prediction::Flow; }
+    int num_timesteps() const { return static_cast<int>(table_.size()); }
+    bool dynamic() const { return dynamic_; }
+    double shift() const { return shift_; }
+    double mu() const { return mu_; }
+
+    /// The training sigma table. Discrete: sigma for t = 0..T-1 (ascending). Flow: the shifted
+    /// sigma of s = (t+1)/T for t = 0..T-1 (ComfyUI ModelSamplingDiscreteFlow.sigmas).
+    const std::vector<float>& sigmas() const { return table_; }
+    /// log of the discrete table in float32 (diffusers' log_sigmas); empty for flow.
+    const std::vector<float>& log_sigmas() const { return log_table_; }
+    float sigma_min() const { return table_.front(); }
+    float sigma_max() const { return table_.back(); }
+
+    /// The network timestep for a sigma. Discrete: diffusers' _sigma_to_t (linear
+    /// interpolation of the index in log-sigma, fractional, clamped to [0, T-1]). Flow:
+    /// sigma * T (what diffusers' FlowMatch schedulers pass; families convert further).
+    double sigma_to_t(double sigma) const;
+    /// Inverse of sigma_to_t. Discrete: log-linear interpolation of the table at a fractional
+    /// t (k-diffusion / ComfyUI / sd.cpp t_to_sigma). Flow: the shift applied to t/T.
+    double t_to_sigma(double t) const;
+    /// Flow only: the time shift applied to an unshifted sigma s in (0, 1].
+    double flow_shift(double s) const;
+
+private:
+    Prediction prediction_ = Prediction::Eps;
+    bool dynamic_ = false;
+    double shift_ = 1.0, mu_ = 0.0;
+    std::vector<float> table_, log_table_;
+};
+
+/// calculate_shift of diffusers' FluxPipeline: mu linear in the image token count,
+/// mu = image_seq_len * m + b with m = (max_shift - base_shift)/(max_seq - base_seq),
+/// b = base_shift - m*base_seq. 1024x1024 FLUX.1 (4096 tokens) gives 1.15.
+double flux_mu(double image_seq_len, double base_seq_len = 256, double max_seq_len = 4096,
+               double base_shift = 0.5, double max_shift = 1.15);
+
+/// sd-cli --scheduler values implemented here.
+enum class SchedulerKind { Discrete, Karras, Exponential, SgmUniform, Simple, Lcm };
+
+/// Parses a --scheduler name (discrete, karras, exponential, sgm_uniform, simple, lcm; "default"
+/// gives Discrete). Known sd-cli names not implemented (ays, gits, smoothstep, kl_optimal,
+/// bong_tangent) raise Error(Unsupported); others Error(InvalidInput).
+SchedulerKind parse_scheduler(std::string_view name);
+const char* scheduler_name(SchedulerKind kind);
+
+/// The "discrete" timestep spacing of a discrete model (diffusers' timestep_spacing).
+enum class Spacing { Linspace, Leading, Trailing };
+Spacing parse_spacing(std::string_view name);
+
+/// A sigma schedule for n steps.
+struct Schedule {
+    std::vector<float> sigmas;     ///< n+1 values, non-increasing, sigmas[n] = 0 (float32 as diffusers)
+    std::vector<float> timesteps;  ///< n network timesteps, timesteps[i] for sigmas[i]
+    int steps() const { return static_cast<int>(timesteps.size()); }
+};
+
+/// Knobs of make_schedule.
+struct ScheduleOptions {
+    Spacing spacing = Spacing::Linspace;  ///< Discrete on discrete models
+    int steps_offset = 1;                 ///< Leading spacing (SD configs use 1)
+    double rho = 7.0;                     ///< Karras
+    /// Discrete on flow models: false = FlowMatchEulerDiscreteScheduler.set_timesteps(n)
+    /// (SD3: linspace of timesteps between the shifted sigma_max and sigma_min, then shifted);
+    /// true = sigmas linspace(1, 1/n, n) then shifted, as FluxPipeline / ZImagePipeline pass.
+    bool flow_pipeline_sigmas = false;
+    int lcm_original_steps = 50;          ///< Lcm (LCMScheduler original_inference_steps)
+};
+
+/// Builds the n-step schedule of the given kind.
+///  * Discrete, discrete model: diffusers EulerDiscreteScheduler.set_timesteps: timesteps by
+///    spacing (linspace: np.linspace(0, T-1, n) reversed; leading: arange(n)*(T//n) reversed +
+///    steps_offset; trailing: round(arange(T, 0, -T/n)) - 1), sigmas = linear interpolation of
+///    the table at those timesteps.
+///  * Discrete, flow model: diffusers FlowMatchEulerDiscreteScheduler.set_timesteps (see
+///    ScheduleOptions::flow_pipeline_sigmas); timesteps = sigma * T.
+///  * Karras: k-diffusion get_sigmas_karras, (max^(1/rho) + i/(n-1)*(min^(1/rho) -
+///    max^(1/rho)))^rho, sigma_min/max from the model (diffusers use_karras_sigmas).
+///  * Exponential: k-diffusion get_sigmas_exponential, exp(linspace(log max, log min, n)).
+///  * SgmUniform: ComfyUI normal_scheduler(sgm=True) / sd.cpp: timesteps
+///    linspace(t(sigma_max), t(sigma_min), n+1)[:-1], sigma = t_to_sigma.
+///  * Simple: ComfyUI simple_scheduler: table[T-1 - int(i*T/n)].
+///  * Lcm: LCMScheduler.set_timesteps timesteps (discrete models only).
+/// Timesteps of Karras/Exponential/SgmUniform/Simple come from sigma_to_t.
+/// Throws Error(InvalidInput) for steps < 1 or an impossible combination.
+Schedule make_schedule(const ModelSampling& ms, SchedulerKind kind, int steps,
+                       const ScheduleOptions& opt = {});
+
+/// diffusers DPMSolverMultistepScheduler.set_timesteps (timestep_spacing "linspace",
+/// final_sigmas_type "zero") on a discrete model: integer timesteps
+/// round(linspace(0, T-1, n+1))[::-1][:-1]; with karras, sigmas from get_sigmas_karras over
+/// the full table and timesteps round(sigma_to_t). For parity with diffusers pipelines.
+Schedule diffusers_dpmsolver_schedule(const ModelSampling& ms, int steps, bool karras);
+
+/// The schedule of sd.cpp's ddim_trailing sampler (and diffusers DDIMScheduler with
+/// timestep_spacing "trailing", set_alpha_to_one False): integer timesteps
+/// round(T - i*T/n) - 1, sigma = table[t]; the final sigma is table[0] (alphas_cumprod[0]),
+/// not 0. Discrete models only; throws Error(InvalidInput) otherwise.
+Schedule ddim_trailing_schedule(const ModelSampling& ms, int steps);
+
+/// img2img: the first step to run for a strength in [0, 1], as sd.cpp does:
+/// t_enc = int(steps * strength) (at most steps - 1), start = steps - t_enc - 1, so that
+/// t_enc + 1 steps run from sigmas[start]. Throws Error(InvalidInput) outside [0, 1].
+int img2img_start_step(int steps, double strength);
+
+}  // namespace easel::sampling
