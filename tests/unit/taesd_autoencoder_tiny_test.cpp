@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -173,4 +174,70 @@ TEST(TaesdAutoencoderTiny, LatentScaling) {
     vae::taesd_unscale_latents(x);
     EXPECT_FLOAT_EQ(x[0], -3.0f);
     EXPECT_FLOAT_EQ(x[1], 0.0f);
+}
+
+namespace {
+
+// A smooth synthetic RGB image in [-1, 1]: colour gradients and a soft disc.
+HostTensor synthetic_image(int64_t size) {
+    HostTensor im(1, 3, size, size);
+    for (int64_t y = 0; y < size; ++y)
+        for (int64_t x = 0; x < size; ++x) {
+            const float u = float(x) / float(size - 1), v = float(y) / float(size - 1);
+            const float d = std::hypot(u - 0.55f, v - 0.45f);
+            const float disc = 1.0f / (1.0f + std::exp((d - 0.25f) * 40.0f));
+            im.at(0, 0, y, x) = 2.0f * (0.2f + 0.6f * u * (1 - disc) + 0.9f * disc) - 1.0f;
+            im.at(0, 1, y, x) = 2.0f * (0.3f + 0.5f * v * (1 - disc) + 0.2f * disc) - 1.0f;
+            im.at(0, 2, y, x) = 2.0f * (0.7f - 0.4f * u * v - 0.3f * disc) - 1.0f;
+        }
+    return im;
+}
+
+// PSNR in dB of two images in [-1, 1], measured on the [0, 1] scale.
+double psnr(const HostTensor& a, const HostTensor& b) {
+    double se = 0;
+    for (size_t i = 0; i < a.data.size(); ++i) {
+        const double d = (std::clamp(a.data[i], -1.0f, 1.0f) - std::clamp(b.data[i], -1.0f, 1.0f)) / 2.0;
+        se += d * d;
+    }
+    return 10.0 * std::log10(1.0 / (se / double(a.data.size())));
+}
+
+}  // namespace
+
+// The real TAEF2 weights (madebyollin/taesd taef2_*.pth at 5cccb12, converted to safetensors
+// with the same keys and FP16 data; see autoencoder_tiny_taef2_README.md): the original layout
+// with the FLUX.2 "midblock GN" pool blocks loads, and encode -> decode reconstructs a smooth
+// image (a wrong stride, pool or clamp would not).
+TEST(TaesdAutoencoderTiny, Taef2RealWeightsRoundTrip) {
+    auto ie = io::WeightIndex::open(ref("autoencoder_tiny_taef2_encoder.safetensors"));
+    auto id = io::WeightIndex::open(ref("autoencoder_tiny_taef2_decoder.safetensors"));
+    using K = vae::TaesdLayer::Kind;
+    auto enc = vae::parse_taesd_layers(ie, "", vae::TaesdPart::Encoder);
+    auto dec = vae::parse_taesd_layers(id, "", vae::TaesdPart::Decoder);
+    ASSERT_EQ(enc.size(), 15u);
+    ASSERT_EQ(dec.size(), 19u);  // index 0 (Clamp) is implicit
+    for (int i : {11, 12, 13}) EXPECT_TRUE(enc[size_t(i)].pool) << "encoder layer " << i;
+    for (int i : {1, 3, 7}) EXPECT_FALSE(enc[size_t(i)].pool) << "encoder layer " << i;
+    EXPECT_EQ(dec[0].index, 1);
+    EXPECT_EQ(dec[1].kind, K::Relu);
+    for (int i : {2, 3, 4}) EXPECT_TRUE(dec[size_t(i)].pool) << "decoder layer " << i;
+    EXPECT_EQ(dec[5].kind, K::Upsample);
+    EXPECT_FALSE(dec[7].pool);
+
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(&ie, &id, be.b);
+    EXPECT_EQ(m->latent_channels(), 32);
+    EXPECT_EQ(m->spatial_factor(), 8);
+    HostTensor image = synthetic_image(64);
+    HostTensor lat = m->encode(image);
+    EXPECT_EQ(lat.c, 32);
+    EXPECT_EQ(lat.h, 8);
+    HostTensor back = m->decode(lat);
+    ASSERT_EQ(back.h, 64);
+    const double p = psnr(image, back);
+    double lat_abs = 0;
+    for (float v : lat.data) lat_abs = std::max(lat_abs, double(std::fabs(v)));
+    std::printf("[taef2 real] round-trip PSNR %.2f dB, max |latent| %.3g\n", p, lat_abs);
+    EXPECT_GT(p, 28.0);  // measured 33.8 dB; without the pool blocks 15.9, with GroupNorm(1, .) 21.4
 }
