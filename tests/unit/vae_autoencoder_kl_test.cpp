@@ -396,3 +396,21 @@ TEST(VaeLatentFormat, FluxNormaliseRoundTrip) {
     EXPECT_NEAR(x[1], 1.1159f, 1e-6f);
     EXPECT_FLOAT_EQ(vae::LatentFormat::sd1().scaling_factor, 0.18215f);
 }
+
+// A diffusers folder (diffusion_pytorch_model.safetensors + config.json): the group count comes
+// from config.json without an override.
+TEST(VaeAutoencoderKL, NormGroupsFromConfigJson) {
+    auto idx = io::WeightIndex::open(ref("autoencoder_kl_sd_tiny.safetensors"));
+    auto dir = std::filesystem::temp_directory_path() / "easel_vae_folder_test";
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(weights_only("autoencoder_kl_sd_tiny.safetensors"), dir / "diffusion_pytorch_model.safetensors",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::ofstream(dir / "config.json") << R"({"_class_name": "AutoencoderKL", "norm_num_groups": 8, "latent_channels": 4})";
+    auto folder = io::WeightIndex::open(dir);
+    Backend be;
+    auto m = vae::AutoencoderKLModel::load(folder, be.b);
+    EXPECT_EQ(m->config().norm_num_groups, 8);
+    EXPECT_LT(max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent")), 1e-4f);
+    EXPECT_THROW(vae::kl_overrides_from_diffusers_config(nlohmann::json::parse(R"({"norm_num_groups": "8"})")), Error);
+    std::filesystem::remove_all(dir);
+}

@@ -177,6 +177,17 @@ std::optional<KLSource> find_autoencoder_kl(const io::WeightIndex& index) {
     return std::nullopt;
 }
 
+KLOverrides kl_overrides_from_diffusers_config(const nlohmann::json& config) {
+    KLOverrides ov;
+    if (!config.is_object()) fail(ErrorKind::InvalidInput, "AutoencoderKL config.json is not a JSON object");
+    if (auto it = config.find("norm_num_groups"); it != config.end() && !it->is_null()) {
+        if (!it->is_number_integer() || it->get<int64_t>() <= 0)
+            fail(ErrorKind::InvalidInput, "AutoencoderKL config.json: norm_num_groups must be a positive integer");
+        ov.norm_num_groups = int(it->get<int64_t>());
+    }
+    return ov;
+}
+
 AutoencoderKLConfig infer_autoencoder_kl_config(const io::WeightIndex& index, const KLSource& src, const KLOverrides& ov) {
     AutoencoderKLConfig cfg;
     cfg.has_encoder = src.has_encoder;
@@ -236,7 +247,10 @@ AutoencoderKLConfig infer_autoencoder_kl_config(const io::WeightIndex& index, co
     if (cfg.layers_per_block < 1) fail(ErrorKind::ModelMismatch, "AutoencoderKL: no resnets found in the first level");
     cfg.use_quant_conv = r.find("quant_conv.weight") != nullptr;
     cfg.use_post_quant_conv = r.find("post_quant_conv.weight") != nullptr;
-    cfg.norm_num_groups = ov.norm_num_groups.value_or(32);
+    if (ov.norm_num_groups) cfg.norm_num_groups = *ov.norm_num_groups;
+    else if (const nlohmann::json* js = index.config(); js && js->is_object())
+        cfg.norm_num_groups = kl_overrides_from_diffusers_config(*js).norm_num_groups.value_or(32);
+    else cfg.norm_num_groups = 32;
     for (int64_t ch : cfg.block_out_channels) check_groups(cfg.norm_num_groups, ch, "a level");
     return cfg;
 }

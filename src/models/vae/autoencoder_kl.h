@@ -24,6 +24,7 @@
 #include "nn/layers.h"
 
 #include <ggml-backend.h>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <optional>
@@ -61,8 +62,14 @@ std::string kl_canonical_to_ldm(const std::string& canonical, int n_levels);
 
 /// Settings not visible in the weights.
 struct KLOverrides {
-    std::optional<int> norm_num_groups;  ///< default: config.json "norm_num_groups" if given, else 32
+    /// GroupNorm groups. Unset: "norm_num_groups" of the config.json beside the weights
+    /// (io::WeightIndex::config()), else diffusers' default 32.
+    std::optional<int> norm_num_groups;
 };
+
+/// Reads the fields of a diffusers AutoencoderKL config.json object that the weights do not show
+/// (norm_num_groups). Throws Error(InvalidInput) when a field has the wrong type or value.
+KLOverrides kl_overrides_from_diffusers_config(const nlohmann::json& config);
 
 /// Configuration of an AutoencoderKL (diffusers config names).
 struct AutoencoderKLConfig {
