@@ -362,3 +362,31 @@ TEST(UnetSd, RejectsBadInputs) {
     expect_invalid(std::vector<float>(4 * 64, 0.1f), {1, 4, 8, 8}, t, ctx_bad, 5);            // context width 24
     expect_invalid(std::vector<float>(4 * 64, 0.1f), {1, 4, 8, 8}, {1.0f, 2.0f}, ctx, 5);     // 2 timesteps, batch 1
 }
+
+TEST(UnetConfig, LdmNamesOfSd15Layout) {
+    // SD1.5's structure: 4 levels, 2 resnets each, attention on the first three down / last three up blocks.
+    UNetConfig c;
+    c.layers_per_block = 2;
+    c.up.resize(4);
+    for (int b = 1; b < 4; ++b) c.up[b].attentions.resize(3);
+    // names as they appear in v1-5-pruned.safetensors (model.diffusion_model. prefix left out)
+    EXPECT_EQ(unet_ldm_key(c, "conv_in.weight"), "input_blocks.0.0.weight");
+    EXPECT_EQ(unet_ldm_key(c, "time_embedding.linear_2.bias"), "time_embed.2.bias");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.0.attentions.1.proj_in.weight"), "input_blocks.2.1.proj_in.weight");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.0.downsamplers.0.conv.weight"), "input_blocks.3.0.op.weight");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.2.downsamplers.0.conv.bias"), "input_blocks.9.0.op.bias");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.3.resnets.1.time_emb_proj.weight"), "input_blocks.11.0.emb_layers.1.weight");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.1.resnets.0.conv_shortcut.weight"), "input_blocks.4.0.skip_connection.weight");
+    EXPECT_EQ(unet_ldm_key(c, "mid_block.resnets.1.conv2.weight"), "middle_block.2.out_layers.3.weight");
+    EXPECT_EQ(unet_ldm_key(c, "mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight"),
+              "middle_block.1.transformer_blocks.0.attn2.to_k.weight");
+    EXPECT_EQ(unet_ldm_key(c, "up_blocks.0.upsamplers.0.conv.weight"), "output_blocks.2.1.conv.weight");
+    EXPECT_EQ(unet_ldm_key(c, "up_blocks.1.upsamplers.0.conv.weight"), "output_blocks.5.2.conv.weight");
+    EXPECT_EQ(unet_ldm_key(c, "up_blocks.2.upsamplers.0.conv.bias"), "output_blocks.8.2.conv.bias");
+    EXPECT_EQ(unet_ldm_key(c, "up_blocks.3.resnets.2.norm1.weight"), "output_blocks.11.0.in_layers.0.weight");
+    EXPECT_EQ(unet_ldm_key(c, "up_blocks.3.attentions.2.norm.bias"), "output_blocks.11.1.norm.bias");
+    EXPECT_EQ(unet_ldm_key(c, "conv_norm_out.weight"), "out.0.weight");
+    EXPECT_EQ(unet_ldm_key(c, "conv_out.bias"), "out.2.bias");
+    EXPECT_EQ(unet_ldm_key(c, "down_blocks.0.resnets.2.conv1.weight"), "");  // past layers_per_block
+    EXPECT_EQ(unet_ldm_key(c, "text_model.embeddings.position_ids"), "");
+}
