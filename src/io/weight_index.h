@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ggml.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <array>
 #include <cstdint>
@@ -82,12 +83,16 @@ public:
     /// Throws Error(Io) if unreadable, Error(InvalidInput) if malformed.
     static WeightIndex open(const std::filesystem::path& path);
 
+    /// Opens a safetensors or GGUF file held in memory (the bytes are copied); `name` labels it
+    /// in errors and in files(). Used by the fuzzers. Throws Error(InvalidInput) if malformed.
+    static WeightIndex open_memory(std::span<const uint8_t> bytes, const std::string& name = "<memory>");
+
     /// Adds all tensors of another file; duplicate names across files are an error.
     void add_file(const std::filesystem::path& path);
 
     const std::vector<WeightFile>& files() const;
     const std::vector<TensorInfo>& tensors() const;
-    /// nullptr when absent.
+    /// nullptr when absent. Pointers into tensors() stay valid until the next add_file().
     const TensorInfo* find(const std::string& name) const;
     bool contains(const std::string& name) const { return find(name) != nullptr; }
 
@@ -105,6 +110,15 @@ public:
 
     /// Reads a tensor as float32 values (any float or quantised type), in stored order.
     std::vector<float> read_f32(const TensorInfo& t) const;
+
+    /// Reads an integer or BOOL tensor (I64, I32, I16, I8, U8, BOOL; GGUF I8..I64) as int64 values,
+    /// in stored order. Throws Error(InvalidInput) for float types.
+    std::vector<int64_t> read_i64(const TensorInfo& t) const;
+
+    /// The component's config.json (diffusers/transformers) when the index was opened from a
+    /// folder or a shard index that has one beside it; nullptr otherwise. Config in a folder wins
+    /// over what is inferred from weight shapes.
+    const nlohmann::json* config() const;
 
     /// Total stored bytes of all tensors whose name starts with prefix.
     uint64_t bytes_with_prefix(const std::string& prefix) const;
