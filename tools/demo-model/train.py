@@ -1,0 +1,524 @@
+"""Train the easel demo model (SD1.x architecture in miniature) on the procedural shapes dataset.
+
+Stages (each fits one 10-minute run on one H200; fixed seeds; --time bounds the wall-clock training):
+  python train.py vae  --out DIR --time 170
+      AutoencoderKL (block_out_channels (32, 64, 64, 64), 2 resnets per level, 4 latent channels,
+      factor 8, 32 norm groups) on 256x256 images; loss = L1 + 1e-6 * KL (KL summed over latent
+      elements, L1 averaged, scaled as in SD's LPIPSWithDiscriminator sum convention: KL / (3*H*W)).
+      Then the VAE is *normalised*: latents are multiplied by k so that 0.18215 * latent has unit std
+      (quant_conv mean rows and bias * k, logvar bias + 2 ln k, post_quant_conv weight / k), so the
+      standard SD1.x scaling_factor 0.18215 is right for this model. Writes DIR/vae.safetensors,
+      DIR/vae_config.json, DIR/loss-log-vae.csv.
+  python train.py unet --vae DIR --out DIR2 --time 420 --tok TOKDIR
+      CLIP text encoder (width 128, 2 heads of 64, 3 layers, quick_gelu, vocab 49408, 77 positions)
+      and UNet2DConditionModel (block_out_channels (32, 64, 128), CrossAttnDown x2 + Down, Up +
+      CrossAttnUp x2, 8 heads, cross_attention_dim 128, 2 layers per block), trained together from
+      scratch with epsilon prediction on SD's scaled_linear schedule (beta 0.00085..0.012, 1000 steps),
+      10 % empty captions (for CFG), offset noise 0.05, AdamW, EMA 0.999. Then exports the EMA weights
+      as one f16 original-layout checkpoint, samples images and measures attribute accuracy.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import shapes  # noqa: E402
+
+SCALE = 0.18215
+VAE_CFG = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+               up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(32, 64, 64, 64), layers_per_block=2,
+               latent_channels=4, norm_num_groups=32, sample_size=256, scaling_factor=SCALE)
+UNET_CFG = dict(sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(32, 64, 128),
+                down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+                cross_attention_dim=128, attention_head_dim=8, norm_num_groups=32)
+TE_CFG = dict(vocab_size=49408, hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=2,
+              max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, projection_dim=128,
+              bos_token_id=49406, eos_token_id=49407, pad_token_id=49407)
+SCHED = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+             prediction_type="epsilon", timestep_spacing="linspace", steps_offset=1)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def lr_at(step, total, peak, warmup):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    p = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def train_vae(a):
+    from diffusers import AutoencoderKL
+    from safetensors.torch import save_file
+
+    dev = "cuda"
+    torch.manual_seed(0)
+    vae = AutoencoderKL(**VAE_CFG)
+    if a.init:  # continue training from an earlier run's vae.safetensors
+        from safetensors.torch import load_file
+
+        vae.load_state_dict(load_file(os.path.join(a.init, "vae.safetensors")))
+        log(f"vae: continuing from {a.init}")
+    vae = vae.to(dev).to(memory_format=torch.channels_last)
+    nparam = sum(p.numel() for p in vae.parameters())
+    log(f"vae params {nparam / 1e6:.2f} M")
+    opt = torch.optim.AdamW(vae.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    cg = torch.Generator().manual_seed(1)
+    dg = torch.Generator(device=dev).manual_seed(2)
+    os.makedirs(a.out, exist_ok=True)
+    f = open(os.path.join(a.out, "loss-log-vae.csv"), "w", newline="")
+    w = csv.writer(f)
+    w.writerow(["step", "elapsed_s", "lr", "loss", "l1", "kl"])
+    t0 = time.time()
+    step = 0
+    sched = Schedule(a.lr, 100, a.steps or a.est_steps, 0 if a.steps else a.time)
+    while True:
+        el = time.time() - t0
+        if (a.steps and step >= a.steps) or (not a.steps and el > a.time):
+            break
+        lr = sched.lr(step, el)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, _, _ = shapes.batch(a.batch, 256, dev, cg, dg)
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            post = vae.encode(x).latent_dist
+            z = post.sample()
+            rec = vae.decode(z).sample
+        l1 = (rec.float() - x).abs().mean()
+        kl_sum = post.kl().float().mean()  # summed over the latent's elements, mean over the batch
+        # SD's sum convention (rec summed over pixels + 1e-6 * KL sum), divided through by 3*H*W
+        loss = l1 + 1e-6 * kl_sum / (3 * 256 * 256)
+        kl = kl_sum / (4 * 32 * 32)  # per latent element, for the log
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0:
+            w.writerow([step, f"{el:.1f}", f"{lr:.3e}", f"{loss.item():.5f}", f"{l1.item():.5f}", f"{kl.item():.5f}"])
+        if step % 200 == 0 or step in (10, 50):
+            log(f"vae step {step} t {el:.0f}s loss {loss.item():.4f} l1 {l1.item():.4f} kl/elem {kl.item():.4f}")
+        step += 1
+    f.close()
+    log(f"vae: {step} steps in {time.time() - t0:.0f}s, batch {a.batch}")
+    vae.eval()
+    # latent statistics and normalisation so that SCALE * latent has unit std
+    with torch.no_grad():
+        zs, errs = [], []
+        eg = torch.Generator(device=dev).manual_seed(99)
+        ecg = torch.Generator().manual_seed(98)
+        for _ in range(8):
+            x, _, _ = shapes.batch(64, 256, dev, ecg, eg)
+            post = vae.encode(x).latent_dist
+            z = post.sample()
+            zs.append(z.float())
+            errs.append((vae.decode(post.mean).sample.float() - x).abs().mean().item())
+        z = torch.cat(zs)
+        std = z.std().item()
+        k = (1.0 / SCALE) / std
+        log(f"vae: latent mean {z.mean().item():.4f} std {std:.4f} per-channel std "
+            f"{[round(v, 4) for v in z.std(dim=(0, 2, 3)).tolist()]}; normalising by k={k:.4f}; "
+            f"eval L1 (mean latent) {sum(errs) / len(errs):.4f}")
+        C = VAE_CFG["latent_channels"]
+        qc, pqc = vae.quant_conv, vae.post_quant_conv
+        qc.weight[:C] *= k
+        qc.bias[:C] *= k
+        qc.bias[C:] += 2 * math.log(k)
+        pqc.weight /= k
+        x, _, _ = shapes.batch(64, 256, dev, torch.Generator().manual_seed(98), torch.Generator(device=dev).manual_seed(99))
+        post = vae.encode(x).latent_dist
+        z2 = post.mean
+        err2 = (vae.decode(z2).sample.float() - x).abs().mean().item()
+        log(f"vae normalised: std(0.18215*z) {(SCALE * post.sample()).std().item():.4f}, L1 {err2:.4f}")
+    sd = {k_: v.detach().float().cpu().contiguous() for k_, v in vae.state_dict().items()}
+    save_file(sd, os.path.join(a.out, "vae.safetensors"))
+    with open(os.path.join(a.out, "vae_config.json"), "w") as f:
+        json.dump({"config": VAE_CFG, "steps": step, "batch": a.batch, "lr": a.lr, "latent_std_before": std,
+                   "normalise_k": k, "eval_l1": err2}, f, indent=1)
+
+
+class EMA:
+    def __init__(self, params, decay):
+        self.params = list(params)
+        self.shadow = [p.detach().clone().float() for p in self.params]
+        self.decay = decay
+
+    @torch.no_grad()
+    def update(self, step):
+        d = min(self.decay, (1 + step) / (10 + step))
+        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1 - d)
+
+    @torch.no_grad()
+    def copy_to(self):
+        for p, s in zip(self.params, self.shadow):
+            p.copy_(s)
+
+
+class CaptionIds:
+    """Caption -> [77] token ids (BOS ... EOS, padded with <|endoftext|> 49407), cached."""
+
+    def __init__(self, tok_dir):
+        from transformers import CLIPTokenizer
+
+        self.tok = CLIPTokenizer.from_pretrained(tok_dir, model_max_length=77)
+        self.cache = {}
+
+    def __call__(self, caps, device):
+        new = sorted({c for c in caps if c not in self.cache})
+        if new:
+            ids = self.tok(new, padding="max_length", max_length=77, truncation=True)["input_ids"]
+            self.cache.update(zip(new, ids))
+        return torch.tensor([self.cache[c] for c in caps], device=device)
+
+
+class Schedule:
+    """Cosine LR with warmup over est_total steps; with a time budget, est_total is re-estimated once
+    from the measured step rate (steps 20..60) so the schedule ends with the budget."""
+
+    def __init__(self, peak, warmup, est_total, time_budget):
+        self.peak, self.warmup, self.total, self.budget = peak, warmup, est_total, time_budget
+        self.t20 = None
+
+    def lr(self, step, elapsed):
+        if self.budget and step == 20:
+            self.t20 = elapsed
+        if self.budget and step == 60 and self.t20 is not None:
+            rate = 40 / max(1e-6, elapsed - self.t20)
+            self.total = int(60 + rate * max(0.0, self.budget - elapsed))
+            log(f"schedule: {rate:.2f} steps/s, laying the LR schedule out over {self.total} steps")
+        return lr_at(step, self.total, self.peak, self.warmup)
+
+
+def load_vae(vae_dir, dev):
+    from diffusers import AutoencoderKL
+    from safetensors.torch import load_file
+
+    vae = AutoencoderKL(**VAE_CFG)
+    vae.load_state_dict(load_file(os.path.join(vae_dir, "vae.safetensors")))
+    return vae.to(dev).eval()
+
+
+def train_unet(a):
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    dev = "cuda"
+    torch.manual_seed(10)
+    te = CLIPTextModel(CLIPTextConfig(**TE_CFG))
+    torch.manual_seed(11)
+    unet = UNet2DConditionModel(**UNET_CFG)
+    if a.resume:  # continue from an exported single file (all three models, f16 values)
+        import ldm_convert
+        from diffusers import AutoencoderKL
+        from safetensors.torch import load_file
+
+        vae = AutoencoderKL(**VAE_CFG)
+        ldm = ldm_convert.fix_te_keys(load_file(a.resume))
+        comps = ldm_convert.ldm_to_components(ldm, unet, vae, te)
+        for name, m in (("unet", unet), ("vae", vae), ("text_encoder", te)):
+            sd = {k: v.float() for k, v in comps[name].items()}
+            missing, unexpected = m.load_state_dict(sd, strict=False)
+            assert not unexpected and all(k.endswith("position_ids") for k in missing), (name, missing, unexpected)
+        vae = vae.to(dev).eval()
+        log(f"resumed from {a.resume}")
+    else:
+        vae = load_vae(a.vae, dev)
+    vae.requires_grad_(False)
+    te, unet = te.to(dev), unet.to(dev)
+    log(f"unet params {sum(p.numel() for p in unet.parameters()) / 1e6:.2f} M, "
+        f"te params {sum(p.numel() for p in te.parameters()) / 1e6:.2f} M")
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            unet(torch.zeros(1, 4, 32, 32, device=dev), torch.tensor([500], device=dev),
+                 encoder_hidden_states=torch.zeros(1, 77, 128, device=dev))
+        log(f"unet GFLOP per evaluation at 32x32 latent (batch 1): {fc.get_total_flops() / 1e9:.3f}")
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            vae.decode(torch.zeros(1, 4, 32, 32, device=dev))
+        log(f"vae decoder GFLOP at 256x256: {fc.get_total_flops() / 1e9:.3f}")
+    except Exception as e:  # noqa: BLE001
+        log("flop count failed:", e)
+    ids_of = CaptionIds(a.tok)
+    params = list(unet.parameters()) + list(te.parameters())
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    ema = EMA(params, 0.999)
+    betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
+    ac = torch.cumprod(1 - betas, 0).float().to(dev)
+    cg = torch.Generator().manual_seed(3)
+    dg = torch.Generator(device=dev).manual_seed(4)
+    ng = torch.Generator(device=dev).manual_seed(5)
+    os.makedirs(a.out, exist_ok=True)
+    f = open(os.path.join(a.out, "loss-log-unet.csv"), "w", newline="")
+    w = csv.writer(f)
+    w.writerow(["step", "elapsed_s", "lr", "loss", "loss_ema"])
+    t0 = time.time()
+    step, loss_ema = 0, None
+    sched = Schedule(a.lr, a.warmup, a.steps or a.est_steps, 0 if a.steps else a.time)
+    while True:
+        el = time.time() - t0
+        if (a.steps and step >= a.steps) or (not a.steps and el > a.time):
+            break
+        lr = sched.lr(step, el)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        B = a.batch
+        x, caps, _ = shapes.batch(B, 256, dev, cg, dg)
+        drop = torch.rand(B, generator=cg) < 0.1
+        caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
+        ids = ids_of(caps, dev)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            z0 = vae.encode(x).latent_dist.sample(generator=ng).float() * SCALE
+        t = torch.randint(0, 1000, (B,), device=dev, generator=ng)
+        eps = torch.randn(z0.shape, device=dev, generator=ng)
+        eps = eps + 0.05 * torch.randn((B, 4, 1, 1), device=dev, generator=ng)
+        at = ac[t].view(B, 1, 1, 1)
+        zt = at.sqrt() * z0 + (1 - at).sqrt() * eps
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ehs = te(ids).last_hidden_state
+            pred = unet(zt, t, encoder_hidden_states=ehs).sample
+        loss = F.mse_loss(pred.float(), eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        ema.update(step)
+        lv = loss.item() if step % 25 == 0 else None
+        if lv is not None:
+            loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
+            w.writerow([step, f"{el:.1f}", f"{lr:.3e}", f"{lv:.5f}", f"{loss_ema:.5f}"])
+        if step % 250 == 0 or step in (10, 50, 100):
+            log(f"unet step {step} t {el:.0f}s loss {loss.item():.4f} (smoothed {loss_ema:.4f}) lr {lr:.2e}")
+        step += 1
+    f.close()
+    log(f"unet: {step} steps in {time.time() - t0:.0f}s, batch {a.batch}")
+    ema.copy_to()
+    te.eval()
+    unet.eval()
+    a.lr_schedule_steps = sched.total
+    export_and_sample(a, vae, te, unet, ids_of, step)
+
+
+def make_pipe(vae, te, unet, tok):
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    p = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet,
+                                scheduler=EulerDiscreteScheduler(**SCHED), safety_checker=None,
+                                feature_extractor=None, requires_safety_checker=False)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+PALETTE_NAMES = shapes.COLOUR_NAMES
+
+
+def analyse(img):
+    """img: float [3, H, W] in [0, 1] -> (bg colour, object colour, cx, cy, area fraction), where the
+    background colour is the palette colour nearest to the median of a 6-pixel border and the object is
+    every pixel farther than 0.25 (RGB distance) from that median."""
+    pal = torch.tensor([shapes.COLOURS[n] for n in PALETTE_NAMES], device=img.device)
+    H, W = img.shape[1:]
+    border = torch.cat([img[:, :6].reshape(3, -1), img[:, -6:].reshape(3, -1), img[:, :, :6].reshape(3, -1),
+                        img[:, :, -6:].reshape(3, -1)], 1)
+    bgm = border.median(1).values
+    bg = PALETTE_NAMES[int(((pal - bgm) ** 2).sum(1).argmin())]
+    d = ((img - bgm[:, None, None]) ** 2).sum(0).sqrt()
+    m = d > 0.25
+    area = m.float().mean().item()
+    if m.sum() < 4:
+        return bg, None, None, None, area
+    obj = img[:, m].median(1).values
+    oc = PALETTE_NAMES[int(((pal - obj) ** 2).sum(1).argmin())]
+    ys, xs = torch.nonzero(m, as_tuple=True)
+    return bg, oc, (xs.float().mean().item() + 0.5) / W, (ys.float().mean().item() + 0.5) / H, area
+
+
+def check(attr, res):
+    bg, oc, cx, cy, area = res
+    out = {"bg": bg == attr["bg"], "colour": oc == attr["colour"]}
+    if cx is None:
+        out.update(pos=False, size=False)
+        return out
+    p = attr["pos"]
+    out["pos"] = {"left": cx < 0.42, "right": cx > 0.58, "top": cy < 0.42, "bottom": cy > 0.58,
+                  "centre": abs(cx - 0.5) < 0.1 and abs(cy - 0.5) < 0.1}[p]
+    out["size"] = area < 0.06 if attr["size"] == "small" else area > 0.06
+    return out
+
+
+def export_and_sample(a, vae, te, unet, ids_of, steps_done):
+    import ldm_convert
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    # f16 round, then everything below runs on exactly the exported weights (in float32)
+    with torch.no_grad():
+        for m in (vae, te, unet):
+            m.float()
+            for p in m.parameters():
+                p.copy_(p.half().float())
+    ldm = ldm_convert.pipeline_to_ldm(unet, vae, te, dtype=torch.float16)
+    path = os.path.join(a.out, "easel-demo-shapes.safetensors")
+    meta = {"format": "pt", "easel_model": "easel-demo-shapes", "architecture": "SD1.x (miniature)",
+            "scaling_factor": str(SCALE), "licence": "CC0-1.0", "train_steps_unet": str(steps_done),
+            "prediction_type": "epsilon", "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps",
+            "clip_skip": "1 (final layer norm output)"}
+    save_file(ldm, path, metadata=meta)
+    log(f"exported {path}: {os.path.getsize(path) / 1e6:.2f} MB, {len(ldm)} tensors")
+    tok = ids_of.tok
+    pipe = make_pipe(vae, te, unet, tok)
+    # --- attribute accuracy on the GPU: held-in and held-out prompts, 4 seeds each -----------------
+    cg = torch.Generator().manual_seed(777)
+    results = {}
+    for name, allow in (("random", False), ("heldout", True)):
+        attrs, caps = shapes.sample_attributes(256, cg, allow_heldout=True)
+        if name == "heldout":
+            hl = sorted(shapes.HELDOUT)
+            for i, at in enumerate(attrs):
+                at["colour"], at["shape"] = hl[i % len(hl)]
+                if at["bg"] == at["colour"]:
+                    at["bg"] = "white" if at["colour"] != "white" else "black"
+        else:
+            attrs = [at for at in attrs if (at["colour"], at["shape"]) not in shapes.HELDOUT]
+        attrs = attrs[:64]
+        caps = [shapes.caption(at["size"], at["colour"], at["shape"], at["pos"], at["bg"]) for at in attrs]
+        pipe.to("cuda")
+        with torch.no_grad():
+            imgs = pipe(prompt=caps, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+                        generator=torch.Generator("cuda").manual_seed(5), output_type="pt").images
+        tally = {"bg": 0, "colour": 0, "pos": 0, "size": 0}
+        for img, at in zip(imgs, attrs):
+            for k_, v in check(at, analyse(img.float())).items():
+                tally[k_] += int(v)
+        results[name] = {k_: v / len(attrs) for k_, v in tally.items()}
+        results[name]["n"] = len(attrs)
+    log("attribute accuracy:", json.dumps(results))
+    # --- model-card samples (GPU) --------------------------------------------------------------------
+    card = ["a large green star in the centre, white background",
+            "a small purple triangle at the top, yellow background",
+            "a large yellow ring on the right, blue background",
+            "a small red cross at the bottom, black background",
+            "a large blue square on the left, pink background",
+            "a small orange circle on the right, grey background",
+            "a large white circle at the bottom, red background",
+            "a cyan star on the left, brown background"]
+    sdir = os.path.join(a.out, "samples")
+    os.makedirs(sdir, exist_ok=True)
+    with torch.no_grad():
+        imgs = pipe(prompt=card, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+                    generator=torch.Generator("cuda").manual_seed(1), output_type="pt").images
+    tiles = []
+    for i, img in enumerate(imgs):
+        arr = (img.permute(1, 2, 0).float().cpu().numpy() * 255).round().astype("uint8")
+        Image.fromarray(arr).save(os.path.join(sdir, f"sample_{i}.png"))
+        tiles.append(arr)
+    import numpy as np
+
+    grid = np.concatenate([np.concatenate(tiles[:4], 1), np.concatenate(tiles[4:], 1)], 0)
+    Image.fromarray(grid).resize((512, 256), Image.LANCZOS).save(os.path.join(sdir, "grid.png"))
+    # --- parity references on the CPU in float32 (for easel's --rng cpu comparison) -----------------
+    pipe.to("cpu")
+    refs = []
+    rdir = os.path.join(a.out, "reference")
+    os.makedirs(rdir, exist_ok=True)
+    from safetensors.torch import save_file as sf
+    for j, (prompt, seed) in enumerate([("a small red circle on the left, blue background", 1),
+                                        ("a large green star in the centre, white background", 2)]):
+        lat = []
+
+        def cb(p, i, ts, kw):
+            lat.append(kw["latents"].detach().float().clone())
+            return kw
+
+        with torch.no_grad():
+            cond, uncond = pipe.encode_prompt(prompt, "cpu", 1, True)
+            img = pipe(prompt=prompt, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+                       generator=torch.Generator("cpu").manual_seed(seed), output_type="pt",
+                       callback_on_step_end=cb).images
+        noise = torch.randn((1, 4, 32, 32), generator=torch.Generator("cpu").manual_seed(seed))
+        name = f"demo_ref_{j}"
+        sf({"noise": noise, "final_latent": lat[-1], "step_latents": torch.cat(lat), "cond": cond.float(),
+            "uncond": uncond.float(), "image": img.float(), "sigmas": pipe.scheduler.sigmas.float(),
+            "timesteps": pipe.scheduler.timesteps.float()}, os.path.join(rdir, name + ".safetensors"))
+        arr = (img[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8")
+        Image.fromarray(arr).save(os.path.join(rdir, name + ".png"))
+        refs.append({"name": name, "prompt": prompt, "negative_prompt": "", "seed": seed, "width": 256,
+                     "height": 256, "steps": 20, "cfg_scale": 7.5, "sampling_method": "euler",
+                     "scheduler": "discrete", "rng": "cpu", "png": name + ".png",
+                     "tensors": name + ".safetensors",
+                     "diffusers_scheduler_config": {k: v for k, v in dict(pipe.scheduler.config).items()
+                                                    if not k.startswith("_")},
+                     "sigmas": [float(s) for s in pipe.scheduler.sigmas],
+                     "timesteps": [float(s) for s in pipe.scheduler.timesteps],
+                     "check": dict(zip(["bg", "colour", "cx", "cy", "area"], analyse(img[0].float())))})
+    with open(os.path.join(rdir, "cases.json"), "w") as f:
+        json.dump({"model": "models/demo/easel-demo-shapes.safetensors", "device": "cpu float32",
+                   "weights": "exactly the f16 values of the file", "cases": refs}, f, indent=1, default=str)
+    with open(os.path.join(a.out, "train_summary.json"), "w") as f:
+        json.dump({"unet_steps": steps_done, "batch": a.batch, "lr": a.lr, "accuracy": results,
+                   "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
+                   "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
+                   "scheduler": SCHED, "file_mb": os.path.getsize(path) / 1e6, "card_prompts": card}, f, indent=1,
+                  default=str)
+    log("export and sampling done")
+
+
+def preview(a):
+    """Write 16 dataset samples (4x4 grid PNG, 128 px tiles) and their captions, for the model card."""
+    import numpy as np
+    from PIL import Image
+
+    os.makedirs(a.out, exist_ok=True)
+    x, caps, _ = shapes.batch(16, 128, "cpu", torch.Generator().manual_seed(123), torch.Generator().manual_seed(124))
+    tiles = ((x.permute(0, 2, 3, 1).numpy() + 1) * 127.5).round().clip(0, 255).astype("uint8")
+    rows = [np.concatenate(list(tiles[r * 4:(r + 1) * 4]), 1) for r in range(4)]
+    Image.fromarray(np.concatenate(rows, 0)).save(os.path.join(a.out, "dataset_preview.png"))
+    with open(os.path.join(a.out, "dataset_preview.json"), "w") as f:
+        json.dump(caps, f, indent=0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stage", choices=["vae", "unet", "preview"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--vae", help="folder with vae.safetensors (unet stage)")
+    ap.add_argument("--resume", help="unet stage: exported single file to continue training from")
+    ap.add_argument("--warmup", type=int, default=300, help="unet stage: LR warm-up steps")
+    ap.add_argument("--init", help="vae stage: folder with a vae.safetensors to continue from")
+    ap.add_argument("--tok", help="folder with the CLIP tokenizer files (unet stage)")
+    ap.add_argument("--time", type=float, default=170, help="training wall-clock budget in seconds")
+    ap.add_argument("--steps", type=int, default=0, help="fixed step count instead of --time (exact re-runs)")
+    ap.add_argument("--est-steps", type=int, default=6000, help="steps the LR schedule is laid out for")
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=0)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    if a.stage == "preview":
+        preview(a)
+    elif a.stage == "vae":
+        a.batch = a.batch or 32
+        a.lr = a.lr or 4e-4
+        train_vae(a)
+    else:
+        a.batch = a.batch or 128
+        a.lr = a.lr or 5e-4
+        train_unet(a)
+
+
+if __name__ == "__main__":
+    main()
