@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
 
 using namespace easel;
@@ -310,8 +311,9 @@ TEST(NnLayers, AttentionMatchesNaive) {
             EXPECT_EQ(out[0].ne[1], cs.Lq);
             EXPECT_EQ(out[0].ne[2], cs.N);
             float err = max_abs_diff(out[0].data, want);
-            // flash attention on the CPU rounds Q (and the softmax accumulator) to F16 for F16-able K/V
-            EXPECT_LT(err, flash ? 2e-3f : 1e-5f) << "flash=" << flash << " Hq=" << cs.Hq << " Hkv=" << cs.Hkv << " mask=" << cs.mask;
+            std::cout << "[attention] flash=" << flash << " Hq=" << cs.Hq << " Hkv=" << cs.Hkv << " mask=" << cs.mask << " max abs err " << err << "\n";
+            // with F32 K/V the CPU flash kernel stays in F32 (measured ~3e-7 for both paths)
+            EXPECT_LT(err, 1e-5f) << "flash=" << flash << " Hq=" << cs.Hq << " Hkv=" << cs.Hkv << " mask=" << cs.mask;
         }
     }
 }
