@@ -189,7 +189,8 @@ ggml_tensor* attention(Ctx& c, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, i
         }
         ggml_tensor* o = ggml_flash_attn_ext(ctx, qh, kh, vh, m, scale, 0.0f, 0.0f);  // {D, H, Lq, N}
         ggml_prec_set_acc(o, GGML_PREC_F32);
-        return ggml_reshape_3d(ctx, o, D * n_heads_q, Lq, N);
+        // an unsupported node is left unused (not part of the graph); the plain path follows
+        if (!c.backend || ggml_backend_supports_op(c.backend, o)) return ggml_reshape_3d(ctx, o, D * n_heads_q, Lq, N);
     }
     ggml_tensor* kq = ggml_mul_mat(ctx, kh, qh);                      // {Lk, Lq, H, N}
     kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);

@@ -74,6 +74,7 @@ std::vector<HostTensor> GraphRunner::run(const BuildFn& build, size_t max_nodes)
 
     GraphBuilder gb;
     gb.ctx_ = ctx;
+    gb.backend_ = backend_;
     std::vector<ggml_tensor*> outs = build(gb);
     ggml_cgraph* gf = ggml_new_graph_custom(ctx, max_nodes, false);
     std::vector<ggml_tensor*> reads;

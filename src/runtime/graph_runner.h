@@ -43,6 +43,8 @@ class GraphBuilder {
 public:
     /// The no_alloc context in which the graph is built.
     ggml_context* ctx() const { return ctx_; }
+    /// The backend the graph will run on (for nn::Ctx::backend).
+    ggml_backend_t backend() const { return backend_; }
     /// An F32 input of shape ne (ggml order, innermost first; trailing 1s may be left out);
     /// `data` is copied now and uploaded after allocation. Throws Error(InvalidInput) if
     /// data.size() differs from the element count.
@@ -58,6 +60,7 @@ private:
     };
     ggml_tensor* add(const std::string& name, ggml_type type, std::vector<int64_t> ne, const void* data, size_t n, size_t elem);
     ggml_context* ctx_ = nullptr;
+    ggml_backend_t backend_ = nullptr;
     std::vector<Input> inputs_;
 };
 
