@@ -224,8 +224,22 @@ ParsedFile parse_gguf(std::span<const uint8_t> data, const std::string& label) {
         else
             while (dims > 1 && ne[dims - 1] == 1) --dims;
         for (int d = dims - 1; d >= 0; --d) t.shape.push_back(ne[d]);
+        // ggml's own guard skips shapes whose element count wraps to 0 (e.g. 2^40 x 2^40), so
+        // recompute numel and bytes with overflow checks and compare.
+        unsigned __int128 numel = 1;
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            numel *= (unsigned __int128)(uint64_t)ne[d];
+            if (numel > (unsigned __int128)INT64_MAX)
+                fail(ErrorKind::InvalidInput, "'{}': GGUF tensor '{}' has a shape whose element count overflows 64 bits", label,
+                     t.name.substr(0, 120));
+        }
+        const int64_t blk = ggml_blck_size(t.gtype);
+        const unsigned __int128 want = blk > 0 ? numel / (unsigned)blk * ggml_type_size(t.gtype) : 0;
         const uint64_t rel = gguf_get_tensor_offset(g.get(), i);
         t.nbytes = gguf_get_tensor_size(g.get(), i);
+        if (blk <= 0 || want != t.nbytes)
+            fail(ErrorKind::InvalidInput, "'{}': GGUF tensor '{}' has an inconsistent size for its shape and type {}", label,
+                 t.name.substr(0, 120), ggml_type_name(t.gtype));
         if (data_off > data.size() || rel > data.size() - data_off || t.nbytes > data.size() - data_off - rel)
             fail(ErrorKind::InvalidInput,
                  "'{}': GGUF tensor '{}' data [{}, {}) runs past the end of the file ({} bytes): the file is truncated", label,
