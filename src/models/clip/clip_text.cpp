@@ -98,7 +98,9 @@ ClipConfig infer_config(const io::WeightIndex& index, const ClipKeys& keys, cons
         c.projection = hf ? pr.shape[0] : pr.shape[1];
     }
     c.heads = c.width % 64 == 0 ? c.width / 64 : 1;
-    c.act = c.width == 768 ? Activation::QuickGelu : Activation::Gelu;
+    // OpenAI CLIP (SD1.x, SDXL's first encoder, FLUX/SD3 CLIP-L) uses quick_gelu; OpenCLIP H (1024,
+    // SD2.x) and bigG (1280, SDXL/SD3 second encoder) use gelu, in either layout.
+    c.act = (!hf || c.width == 1024 || c.width == 1280) ? Activation::Gelu : Activation::QuickGelu;
     if (ov.heads) c.heads = *ov.heads;
     if (ov.act) c.act = *ov.act;
     if (ov.eps) c.eps = *ov.eps;

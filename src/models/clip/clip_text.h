@@ -84,8 +84,9 @@ struct ClipKeys {
 std::vector<ClipKeys> find_clip_text_encoders(const io::WeightIndex& index);
 
 /// Infers the configuration from tensor shapes under `keys`, then applies `ov`. Defaults not in
-/// the weights: heads = width / 64; act = QuickGelu for width 768 (OpenAI CLIP-L), Gelu
-/// otherwise (OpenCLIP H / bigG); eps 1e-5; eos 49407. Throws Error(ModelMismatch) when a
+/// the weights: heads = width / 64 (1 if width is not a multiple of 64); act = Gelu for the
+/// OpenCLIP layout and for widths 1024 / 1280 (OpenCLIP H / bigG converted to transformers
+/// naming), QuickGelu otherwise (OpenAI CLIP); eps 1e-5; eos 49407. Throws Error(ModelMismatch) when a
 /// needed tensor is missing or shapes disagree, Error(InvalidInput) for an impossible override.
 ClipConfig infer_config(const io::WeightIndex& index, const ClipKeys& keys, const ClipOverrides& ov = {});
 
