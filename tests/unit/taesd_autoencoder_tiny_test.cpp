@@ -241,3 +241,71 @@ TEST(TaesdAutoencoderTiny, Taef2RealWeightsRoundTrip) {
     std::printf("[taef2 real] round-trip PSNR %.2f dB, max |latent| %.3g\n", p, lat_abs);
     EXPECT_GT(p, 28.0);  // measured 33.8 dB; without the pool blocks 15.9, with GroupNorm(1, .) 21.4
 }
+
+// The key layout of the real taesana_encoder.pth (taesd.py F32Encoder: conv s2, ReLU, conv s2,
+// ReLU, Block, [conv s2 (no bias), 3 Blocks] x 3, conv; 32x downscaling), filled with small
+// random values: the parser finds the five strided convs and encode gives a 1/32 latent.
+TEST(TaesdAutoencoderTiny, F32EncoderLayout) {
+    std::vector<StTensor> ts;
+    uint32_t seed = 1;
+    auto rnd = [&](std::vector<int64_t> shape) {
+        int64_t n = 1;
+        for (auto s : shape) n *= s;
+        std::vector<float> v(static_cast<size_t>(n));
+        for (auto& x : v) {
+            seed = seed * 1664525u + 1013904223u;
+            x = (float(seed >> 8) / float(1u << 24) - 0.5f) * 0.1f;
+        }
+        return StTensor{"", shape, v};
+    };
+    auto conv = [&](int i, int64_t out, int64_t in, bool bias) {
+        auto w = rnd({out, in, 3, 3});
+        w.name = std::to_string(i) + ".weight";
+        ts.push_back(w);
+        if (bias) {
+            auto b = rnd({out});
+            b.name = std::to_string(i) + ".bias";
+            ts.push_back(b);
+        }
+    };
+    auto block = [&](int i) {
+        for (int j : {0, 2, 4}) {
+            auto w = rnd({64, 64, 3, 3});
+            w.name = std::to_string(i) + ".conv." + std::to_string(j) + ".weight";
+            ts.push_back(w);
+            auto b = rnd({64});
+            b.name = std::to_string(i) + ".conv." + std::to_string(j) + ".bias";
+            ts.push_back(b);
+        }
+    };
+    conv(0, 32, 3, true);
+    conv(2, 64, 32, true);
+    block(4);
+    for (int base : {5, 9, 13}) {
+        conv(base, 64, 64, false);
+        for (int j = 1; j <= 3; ++j) block(base + j);
+    }
+    conv(17, 32, 64, true);
+    auto path = std::filesystem::temp_directory_path() / "easel_taesana_layout.safetensors";
+    write_safetensors(path, ts);
+    auto idx = io::WeightIndex::open(path);
+    auto s = vae::find_taesd(idx);
+    ASSERT_EQ(s.encoder_prefix.value_or("?"), "");
+    auto layers = vae::parse_taesd_layers(idx, "", vae::TaesdPart::Encoder);
+    ASSERT_EQ(layers.size(), 18u);
+    using K = vae::TaesdLayer::Kind;
+    EXPECT_EQ(layers[1].kind, K::Relu);
+    EXPECT_EQ(layers[3].kind, K::Relu);
+    std::vector<int> strided;
+    for (size_t i = 0; i < layers.size(); ++i)
+        if (layers[i].kind == K::Conv && layers[i].stride == 2) strided.push_back(int(i));
+    EXPECT_EQ(strided, (std::vector<int>{0, 2, 5, 9, 13}));
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(&idx, nullptr, be.b);
+    EXPECT_EQ(m->spatial_factor(), 32);
+    HostTensor lat = m->encode(HostTensor(1, 3, 64, 96, 0.25f));
+    EXPECT_EQ(lat.c, 32);
+    EXPECT_EQ(lat.h, 2);
+    EXPECT_EQ(lat.w, 3);
+    std::filesystem::remove(path);
+}

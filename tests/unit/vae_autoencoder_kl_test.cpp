@@ -414,3 +414,18 @@ TEST(VaeAutoencoderKL, NormGroupsFromConfigJson) {
     EXPECT_THROW(vae::kl_overrides_from_diffusers_config(nlohmann::json::parse(R"({"norm_num_groups": "8"})")), Error);
     std::filesystem::remove_all(dir);
 }
+
+// F16 weights (and F16 convolutions) stay close to the reference; other types are refused.
+TEST(VaeAutoencoderKL, F16WeightsOption) {
+    auto idx = io::WeightIndex::open(ref("autoencoder_kl_sd_tiny.safetensors"));
+    auto wts = io::WeightIndex::open(weights_only("autoencoder_kl_sd_tiny.safetensors"));
+    Backend be;
+    vae::KLOverrides ov;
+    ov.norm_num_groups = 8;
+    auto m = vae::AutoencoderKLModel::load(wts, be.b, ov, vae::KLParts::Both, GGML_TYPE_F16);
+    const float e = max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent"));
+    std::printf("[F16 weights] decoded_latent max abs error %.3g\n", e);
+    EXPECT_LT(e, 2e-2f);
+    EXPECT_GT(e, 0.0f);  // really ran in F16
+    EXPECT_THROW(vae::AutoencoderKLModel::load(wts, be.b, ov, vae::KLParts::Both, GGML_TYPE_Q8_0), Error);
+}

@@ -453,17 +453,18 @@ ggml_tensor* AutoencoderKL::decode(nn::Ctx& c, ggml_tensor* z) const {
 AutoencoderKLModel::~AutoencoderKLModel() = default;
 
 std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightIndex& index, ggml_backend_t backend,
-                                                             const KLOverrides& ov, KLParts parts) {
+                                                             const KLOverrides& ov, KLParts parts, ggml_type weight_type) {
     auto src = find_autoencoder_kl(index);
     if (!src)
         fail(ErrorKind::ModelMismatch,
              "no AutoencoderKL found: expected keys like 'decoder.up_blocks.0.resnets.0.conv1.weight' (diffusers) or "
              "'first_stage_model.decoder.up.0.block.0.conv1.weight' (ldm)");
-    return load(index, *src, backend, ov, parts);
+    return load(index, *src, backend, ov, parts, weight_type);
 }
 
 std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightIndex& index, const KLSource& src,
-                                                             ggml_backend_t backend, const KLOverrides& ov, KLParts parts) {
+                                                             ggml_backend_t backend, const KLOverrides& ov, KLParts parts,
+                                                             ggml_type weight_type) {
     if (!backend) fail(ErrorKind::Internal, "AutoencoderKLModel::load called without a backend");
     AutoencoderKLConfig cfg = infer_autoencoder_kl_config(index, src, ov);
     std::unique_ptr<AutoencoderKLModel> m(new AutoencoderKLModel());
@@ -477,7 +478,10 @@ std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightInd
     else if (src.layout == KLLayout::DiffusersLegacy)
         ts.set_mapper([](const std::string& canonical) { return legacy_attn(canonical); });
 
+    if (weight_type != GGML_TYPE_F32 && weight_type != GGML_TYPE_F16)
+        fail(ErrorKind::InvalidInput, "VAE weights can be kept in F32 or F16, not {}", ggml_type_name(weight_type));
     nn::LoadOptions lo;
+    lo.weight_type = weight_type;
     // A half left out on purpose leaves its stored keys unused: check unexpected keys only when
     // every half the weights hold was built.
     const bool complete = m->module_->has_encoder() == cfg.has_encoder && m->module_->has_decoder() == cfg.has_decoder;

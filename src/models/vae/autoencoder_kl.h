@@ -246,15 +246,19 @@ struct LatentDist {
 class AutoencoderKLModel {
 public:
     /// Loads from `index` (layout and prefix found with find_autoencoder_kl, config inferred),
-    /// parameters allocated in `backend`'s default buffer type.
+    /// parameters allocated in `backend`'s default buffer type. `weight_type` is the type the
+    /// conv and projection weights are kept in: F32 by default, because F16 convolutions round
+    /// the activations to F16 and the SDXL VAE's activations overflow it (the reason for
+    /// "sdxl-vae-fp16-fix"); F16 halves the memory for VAEs known to be safe.
     /// Throws Error(ModelMismatch) when no AutoencoderKL is found or keys do not match,
     /// Error(OutOfMemory) when the parameters do not fit.
     static std::unique_ptr<AutoencoderKLModel> load(const io::WeightIndex& index, ggml_backend_t backend,
-                                                    const KLOverrides& ov = {}, KLParts parts = KLParts::Both);
+                                                    const KLOverrides& ov = {}, KLParts parts = KLParts::Both,
+                                                    ggml_type weight_type = GGML_TYPE_F32);
     /// As load(), with the source given explicitly (e.g. an index whose keys were renamed).
     static std::unique_ptr<AutoencoderKLModel> load(const io::WeightIndex& index, const KLSource& src,
                                                     ggml_backend_t backend, const KLOverrides& ov = {},
-                                                    KLParts parts = KLParts::Both);
+                                                    KLParts parts = KLParts::Both, ggml_type weight_type = GGML_TYPE_F32);
     ~AutoencoderKLModel();
 
     const AutoencoderKLConfig& config() const { return module_->config(); }

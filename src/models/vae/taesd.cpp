@@ -218,6 +218,7 @@ std::unique_ptr<TinyAutoencoder> TinyAutoencoder::load(const io::WeightIndex* en
         nn::TensorSource ts(index, *prefix);
         nn::LoadOptions lo;
         lo.check_unexpected = false;  // the other half may share the file; the parser already checked the keys
+        lo.weight_type = GGML_TYPE_F32;  // F32 convolutions (F16 ones round activations to F16); a few MB
         buf = nn::ParamBuffer::load(*seq, ts, ggml_backend_get_default_buffer_type(backend), lo);
     };
     if (encoder_index) load_half(*encoder_index, TaesdPart::Encoder, m->encoder_, m->enc_params_);
