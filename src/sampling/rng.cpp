@@ -176,9 +176,10 @@ void normal_fill_16(float* data) {
 }
 
 // curand's _curand_box_muller on the device (x, y: two Philox outputs): returns
-// {s*sin(v), s*cos(v)}. nvcc contracts the uniform transforms into fmaf; logf, sin and cos
-// are evaluated in double and rounded (the GPU's logf is within 1 ulp, __sincosf is the
-// hardware approximation).
+// {s*sin(v), s*cos(v)}. nvcc contracts the uniform transforms into fmaf; logf is evaluated in
+// double and rounded (the GPU's logf is within 1 ulp); __sincosf compiles to FMUL.RZ by
+// 1/(2 pi) followed by the MUFU.SIN/COS hardware approximation: the reduction is reproduced
+// exactly, the hardware function by the exact sin/cos(2 pi r) rounded to float.
 std::array<float, 2> curand_box_muller(uint32_t x, uint32_t y) {
     constexpr float kInv = 0x1p-32f;                 // CURAND_2POW32_INV
     const float kInv2Pi = kInv * 6.2831855f;          // CURAND_2POW32_INV_2PI (exact product)
@@ -186,8 +187,12 @@ std::array<float, 2> curand_box_muller(uint32_t x, uint32_t y) {
     const float v = std::fma(static_cast<float>(y), kInv2Pi, kInv2Pi / 2.0f);
     const float lg = static_cast<float>(std::log(static_cast<double>(u)));
     const float s = std::sqrt(-2.0f * lg);
-    const float sn = static_cast<float>(std::sin(static_cast<double>(v)));
-    const float cs = static_cast<float>(std::cos(static_cast<double>(v)));
+    const double prod = static_cast<double>(v) * static_cast<double>(0.15915494f);  // exact
+    float r = static_cast<float>(prod);
+    if (std::abs(static_cast<double>(r)) > std::abs(prod)) r = std::nextafter(r, 0.0f);  // round toward zero
+    const double a = 2.0 * std::numbers::pi * static_cast<double>(r);
+    const float sn = static_cast<float>(std::sin(a));
+    const float cs = static_cast<float>(std::cos(a));
     return {sn * s, cs * s};
 }
 

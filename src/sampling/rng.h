@@ -15,8 +15,10 @@
 //                counter offset = 4 * (number of earlier randn calls), curand_normal4 layout.
 //                Sources: aten/src/ATen/native/cuda/DistributionTemplates.h (grid-stride loop,
 //                unroll 4), curand_philox4x32_x.h / curand_normal.h facts, A1111 rng_philox.py.
-//                The GPU computes sin/cos with the __sincosf hardware approximation, which no
-//                CPU code reproduces bit for bit: values agree with the GPU to ~1e-6.
+//                The GPU computes sin/cos with the __sincosf hardware approximation (FMUL.RZ by
+//                1/(2 pi), then MUFU.SIN/COS), which no CPU code reproduces bit for bit: values
+//                agree with torch on an H200 to 1.07e-6 (max abs, 13077 values); the Philox
+//                stream, offsets and element layout are exact.
 //   std_default  easel's own portable generator: at::mt19937 + Box-Muller on 53-bit doubles
 //                (the element-wise normal_distribution<double> rule of torch's scalar path),
 //                identical on every platform and standard library.

@@ -431,4 +431,10 @@ void inpaint_blend(std::span<float> x, std::span<const float> known, std::span<c
         }
 }
 
+void inpaint_blend(std::span<float> x, std::span<const float> known, std::span<const float> mask, int64_t channels) {
+    if (channels < 1) fail(ErrorKind::InvalidInput, "inpaint_blend: channels must be >= 1, got {}", channels);
+    const int64_t shape[3] = {1, channels, static_cast<int64_t>(mask.size())};
+    inpaint_blend(x, known, mask, std::span<const int64_t>(shape, 3));
+}
+
 }  // namespace easel::sampling

@@ -118,5 +118,8 @@ std::vector<float> noise_latent(std::span<const float> x0, std::span<const float
 /// of shape [N, C, H, W], given in shape). Throws Error(InvalidInput) on size mismatches.
 void inpaint_blend(std::span<float> x, std::span<const float> known, std::span<const float> mask,
                    std::span<const int64_t> shape = {});
+/// inpaint_blend for a single latent [1, C, H, W] with a mask [1, 1, H, W]: mask.size() *
+/// channels must equal x.size() (or mask.size() == x.size()).
+void inpaint_blend(std::span<float> x, std::span<const float> known, std::span<const float> mask, int64_t channels);
 
 }  // namespace easel::sampling
