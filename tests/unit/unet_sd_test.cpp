@@ -390,3 +390,67 @@ TEST(UnetConfig, LdmNamesOfSd15Layout) {
     EXPECT_EQ(unet_ldm_key(c, "down_blocks.0.resnets.2.conv1.weight"), "");  // past layers_per_block
     EXPECT_EQ(unet_ldm_key(c, "text_model.embeddings.position_ids"), "");
 }
+
+TEST(UnetSd, LinearProjectionAndNineChannelsInferredFromWeights) {
+    // Two re-layouts of the fixture that must not change its output:
+    //  - proj_in/proj_out stored as Linear [C, C] instead of 1x1 Conv [C, C, 1, 1] (SD2.x's
+    //    use_linear_projection: the same per-pixel matrix product);
+    //  - conv_in widened to 9 input channels (in-painting UNet) with zero kernels for channels
+    //    4..8, fed random values there.
+    auto idx = io::WeightIndex::open(kWeights);
+    std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> ts;
+    for (auto& t : idx.tensors()) {
+        if (t.name.rfind("__", 0) == 0) continue;
+        std::vector<int64_t> shape = t.shape;
+        std::vector<float> v = idx.read_f32(t);
+        const bool proj = t.name.find(".proj_in.weight") != std::string::npos || t.name.find(".proj_out.weight") != std::string::npos;
+        if (proj) {
+            ASSERT_EQ(shape.size(), 4u);
+            shape.resize(2);
+        }
+        if (t.name == "conv_in.weight") {
+            ASSERT_EQ(shape, (std::vector<int64_t>{16, 4, 3, 3}));
+            std::vector<float> w(16 * 9 * 9, 0.0f);
+            for (int o = 0; o < 16; ++o)
+                for (int i = 0; i < 4; ++i)
+                    for (int k = 0; k < 9; ++k) w[(o * 9 + i) * 9 + k] = v[(o * 4 + i) * 9 + k];
+            v = w;
+            shape = {16, 9, 3, 3};
+        }
+        ts.push_back({t.name, {shape, v}});
+    }
+    const auto dir = std::filesystem::temp_directory_path() / ("easel_unet_lin_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const auto path = dir / "unet_linear_9ch.safetensors";
+    write_safetensors(path, ts);
+    {
+        auto w = io::WeightIndex::open(path);
+        UNetConfig c = infer_unet_config(w, fixture_overrides());
+        EXPECT_EQ(c.in_channels, 9);
+        EXPECT_TRUE(c.down[0].attentions[0].linear_proj);
+        EXPECT_TRUE(c.mid.attentions[0].linear_proj);
+        // with linear projection and no heads given, the SD2.x convention (head size 64) applies,
+        // which the tiny model's 16 channels cannot meet
+        UNetOverrides only_groups;
+        only_groups.norm_groups = 8;
+        EXPECT_THROW(infer_unet_config(w, only_groups), Error);
+
+        runtime::GraphRunner runner;
+        auto unet = load_unet(w, runner.buffer_type(), fixture_overrides());
+        auto in = fixture_inputs(idx);
+        // [2, 9, 16, 16]: the fixture's 4 channels then 5 channels of noise per sample
+        std::vector<float> x9(2 * 9 * 256);
+        uint32_t r = 12345;
+        for (int n = 0; n < 2; ++n)
+            for (int ch = 0; ch < 9; ++ch)
+                for (int p = 0; p < 256; ++p) {
+                    r = r * 1664525u + 1013904223u;
+                    x9[(n * 9 + ch) * 256 + p] = ch < 4 ? in.sample[(n * 4 + ch) * 256 + p] : (float)(r >> 8) / 8388608.0f - 1.0f;
+                }
+        auto out = run_unet(*unet.net, runner, x9, {2, 9, 16, 16}, in.timestep, in.context, 77, false);
+        const float err = max_abs_diff(out.data, in.expected);
+        std::printf("[unet_sd15_tiny, linear projection + 9 channels] max abs error %.3g\n", err);
+        EXPECT_LT(err, 1e-4f);
+    }
+    std::filesystem::remove_all(dir);
+}
