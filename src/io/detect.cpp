@@ -701,7 +701,7 @@ Detection detect(const std::vector<TensorInfo>& ts, const std::map<std::string, 
             c.role = r.role;
             if (!role_hint.empty() && r.role == "text encoder") c.role = role_hint;
             c.kind = r.kind;
-            c.detail = r.variant.empty() ? r.detail : r.variant + ": " + r.detail;
+            c.detail = (r.variant.empty() || r.detail.find(r.variant) != std::string::npos) ? r.detail : r.variant + ": " + r.detail;
             for (auto& n : r.notes) d.notes.push_back(n);
             if (r.role == "diffusion model" || main_family.empty() || (r.role != "text encoder" && r.role != "VAE" && !any_prefixed)) {
                 if (main_family.empty() || r.role == "diffusion model") {
@@ -724,7 +724,7 @@ Detection detect(const std::vector<TensorInfo>& ts, const std::map<std::string, 
     if (has_dm) {
         d.family = main_family;
         d.variant = main_variant;
-        d.layout = any_prefixed ? (main_layout == "diffusers" ? "diffusers (prefixed)" : "single-file checkpoint (" + main_layout + ")")
+        d.layout = any_prefixed ? (main_layout == "diffusers" ? "diffusers (prefixed)" : "single-file checkpoint, " + main_layout + " names")
                                 : main_layout;
     } else if (!main_family.empty()) {
         d.family = main_family;
