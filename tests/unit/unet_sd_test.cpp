@@ -454,3 +454,53 @@ TEST(UnetSd, LinearProjectionAndNineChannelsInferredFromWeights) {
     }
     std::filesystem::remove_all(dir);
 }
+
+TEST(UnetSd, UpsampleMatchesSkipSizeLikeTorchNearest) {
+    // Upsample2D to a size that is not 2x (diffusers' upsample_size for odd latents): with an
+    // identity 3x3 kernel the output is the nearest-resized input plus the bias, where torch's
+    // F.interpolate(size=..., mode="nearest") takes source index floor(dst * in / out).
+    const int64_t C = 2, H = 7, W = 5, OH = 13, OW = 10;
+    std::vector<float> wt(C * C * 9, 0.0f);
+    for (int o = 0; o < C; ++o) wt[(o * C + o) * 9 + 4] = 1.0f;
+    const std::vector<float> bias{0.5f, -0.25f};
+    const auto dir = std::filesystem::temp_directory_path() / ("easel_unet_up_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    write_safetensors(dir / "up.safetensors", {{"conv.weight", {{C, C, 3, 3}, wt}}, {"conv.bias", {{C}, bias}}});
+    {
+        auto idx = io::WeightIndex::open(dir / "up.safetensors");
+        Upsample2D up(C);
+        runtime::GraphRunner runner;
+        nn::TensorSource src(idx);
+        auto params = nn::ParamBuffer::load(up, src, runner.buffer_type());
+        std::vector<float> x(C * H * W);
+        for (int c = 0; c < C; ++c)
+            for (int h = 0; h < H; ++h)
+                for (int w = 0; w < W; ++w) x[(c * H + h) * W + w] = 100.0f * c + 10.0f * h + w;
+        auto out = runner.run([&](runtime::GraphBuilder& g) {
+            nn::Ctx c{g.ctx(), false};
+            return std::vector<ggml_tensor*>{up.forward(c, g.input_f32("x", {W, H, C, 1}, x), OW, OH)};
+        });
+        ASSERT_EQ(out[0].ne, (std::array<int64_t, 4>{OW, OH, C, 1}));
+        // rows: floor(i * 7 / 13) for i = 0..12, columns floor(j / 2)
+        const int rows[13] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6};
+        for (int c = 0; c < C; ++c)
+            for (int i = 0; i < OH; ++i)
+                for (int j = 0; j < OW; ++j)
+                    ASSERT_NEAR(out[0].data[(c * OH + i) * OW + j], 100.0f * c + 10.0f * rows[i] + j / 2 + bias[c], 1e-5f)
+                        << c << "," << i << "," << j;
+    }
+    std::filesystem::remove_all(dir);
+}
+
+TEST(UnetSd, OddLatentSizesKeepTheirShape) {
+    // 13x10 latents: the downsampler makes 7x5, the upsampler must return to the skip's 13x10
+    auto idx = io::WeightIndex::open(kWeights);
+    runtime::GraphRunner runner;
+    auto unet = load_unet(idx, runner.buffer_type(), fixture_overrides(), no_unexpected_check());
+    std::vector<float> x(4 * 13 * 10), ctx(7 * 32);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * (float)i);
+    for (size_t i = 0; i < ctx.size(); ++i) ctx[i] = std::cos(0.11f * (float)i);
+    auto out = run_unet(*unet.net, runner, x, {1, 4, 13, 10}, {37.25f}, ctx, 7, false);
+    EXPECT_EQ(out.ne, (std::array<int64_t, 4>{10, 13, 4, 1}));
+    for (float v : out.data) ASSERT_TRUE(std::isfinite(v));
+}
