@@ -309,3 +309,26 @@ TEST(TaesdAutoencoderTiny, F32EncoderLayout) {
     EXPECT_EQ(lat.w, 3);
     std::filesystem::remove(path);
 }
+
+// TAEF2 on the first GPU device when there is one: same round trip as on the CPU.
+TEST(TaesdAutoencoderTiny, Taef2OnGpuMatchesCpu) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (!dev) GTEST_SKIP() << "no GPU device in this build";
+    auto ie = io::WeightIndex::open(ref("autoencoder_tiny_taef2_encoder.safetensors"));
+    auto id = io::WeightIndex::open(ref("autoencoder_tiny_taef2_decoder.safetensors"));
+    ggml_backend_t gpu = ggml_backend_dev_init(dev, nullptr);
+    ASSERT_NE(gpu, nullptr);
+    {
+        Backend cpu;
+        auto mg = vae::TinyAutoencoder::load(&ie, &id, gpu);
+        auto mc = vae::TinyAutoencoder::load(&ie, &id, cpu.b);
+        HostTensor image = synthetic_image(64);
+        HostTensor lg = mg->encode(image), lc = mc->encode(image);
+        const float e_lat = max_abs_diff(lg, lc);
+        const float e_img = max_abs_diff(mg->decode(lc), mc->decode(lc));
+        std::printf("[%s taef2] vs CPU: latents %.3g image %.3g\n", ggml_backend_dev_name(dev), e_lat, e_img);
+        EXPECT_LT(e_lat, 1e-3f);
+        EXPECT_LT(e_img, 1e-3f);
+    }
+    ggml_backend_free(gpu);
+}

@@ -429,3 +429,43 @@ TEST(VaeAutoencoderKL, F16WeightsOption) {
     EXPECT_GT(e, 0.0f);  // really ran in F16
     EXPECT_THROW(vae::AutoencoderKLModel::load(wts, be.b, ov, vae::KLParts::Both, GGML_TYPE_Q8_0), Error);
 }
+
+// The same parity on the first GPU device when the build has one (CUDA/Vulkan/Metal; skipped on
+// CPU-only machines), and with flash attention in the mid block on the CPU.
+TEST(VaeAutoencoderKL, GpuAndFlashAttentionMatchDiffusers) {
+    auto idx = io::WeightIndex::open(ref("autoencoder_kl_sd_tiny.safetensors"));
+    auto wts = io::WeightIndex::open(weights_only("autoencoder_kl_sd_tiny.safetensors"));
+    vae::KLOverrides ov;
+    ov.norm_num_groups = 8;
+    vae::ExecOptions flash;
+    flash.flash_attn = true;
+    {
+        Backend be;
+        auto m = vae::AutoencoderKLModel::load(wts, be.b, ov);
+        const float e = max_abs_diff(m->decode(read4(idx, "__input__.latent"), {}, flash), read4(idx, "__output__.decoded_latent"));
+        std::printf("[cpu flash attention] decoded_latent max abs error %.3g\n", e);
+        EXPECT_LT(e, 1e-4f);
+    }
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    if (!dev) GTEST_SKIP() << "no GPU device in this build";
+    ggml_backend_t gpu = ggml_backend_dev_init(dev, nullptr);
+    ASSERT_NE(gpu, nullptr);
+    {
+        auto m = vae::AutoencoderKLModel::load(wts, gpu, ov);
+        auto dist = m->encode(read4(idx, "__input__.image"));
+        const float e_mean = max_abs_diff(dist.mean, read4(idx, "__output__.latent_mean"));
+        const float e_dec = max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent"));
+        vae::TilingOptions t;
+        t.enabled = true;
+        t.tile_size = 16;
+        Backend cpu;
+        auto mc = vae::AutoencoderKLModel::load(wts, cpu.b, ov);
+        const float e_tiled = max_abs_diff(m->decode(read4(idx, "__input__.latent"), t), mc->decode(read4(idx, "__input__.latent"), t));
+        std::printf("[%s] max abs error: latent_mean %.3g decoded_latent %.3g; tiled decode vs CPU %.3g\n",
+                    ggml_backend_dev_name(dev), e_mean, e_dec, e_tiled);
+        EXPECT_LT(e_mean, 1e-4f);
+        EXPECT_LT(e_dec, 1e-4f);
+        EXPECT_LT(e_tiled, 1e-4f);
+    }
+    ggml_backend_free(gpu);
+}
