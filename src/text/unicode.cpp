@@ -93,8 +93,10 @@ std::u32string utf8_decode(std::string_view s) {
             cp = (cp << 6) | (b & 0x3F);
         }
         if (k < len || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+            // Overlong form or surrogate: replace the lead byte only (its continuation bytes then
+            // become U+FFFD each); truncated sequence: replace the valid prefix once.
             out.push_back(0xFFFD);
-            i += std::max(1, k == len ? len : k);
+            i += (k == len) ? 1 : static_cast<size_t>(k);
             continue;
         }
         out.push_back(cp);

@@ -13,9 +13,9 @@
 
 namespace easel::text {
 
-/// Decodes UTF-8 into code points. Invalid bytes (stray continuation bytes, overlong forms,
-/// surrogates, truncated sequences) each decode to U+FFFD, as Python's
-/// bytes.decode("utf-8", errors="replace") does; never throws.
+/// Decodes UTF-8 into code points; never throws. Invalid input becomes U+FFFD: each stray
+/// continuation byte, each byte of an overlong form or encoded surrogate, and once per
+/// truncated sequence (close to Python's bytes.decode("utf-8", errors="replace")).
 std::u32string utf8_decode(std::string_view s);
 
 /// Appends the UTF-8 encoding of code point `cp` (must be <= 0x10FFFF) to `out`.

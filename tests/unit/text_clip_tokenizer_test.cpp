@@ -78,6 +78,18 @@ TEST(ClipTokenizer, Normalization) {
     EXPECT_EQ(easel::text::nfc(U"a\u0301\u0323"), easel::text::nfc(U"a\u0323\u0301"));
 }
 
+TEST(Unicode, Utf8DecodeReplacesInvalidBytes) {
+    using easel::text::utf8_decode;
+    // Same results as Python bytes.decode("utf-8", errors="replace").
+    EXPECT_EQ(utf8_decode("\xE0\x80\x80"), U"\uFFFD\uFFFD\uFFFD");  // overlong
+    EXPECT_EQ(utf8_decode("\xED\xA0\x80"), U"\uFFFD\uFFFD\uFFFD");  // surrogate
+    EXPECT_EQ(utf8_decode("\xE4\xBD" "A"), U"\uFFFDA");                // truncated
+    EXPECT_EQ(utf8_decode("a\x80" "b"), U"a\uFFFD" U"b");                   // stray continuation
+    EXPECT_EQ(utf8_decode("\xC3\xA9\xF0\x9F\x98\x80"), U"\u00E9\U0001F600");
+    EXPECT_FALSE(easel::text::utf8_valid("\xFF"));
+    EXPECT_TRUE(easel::text::utf8_valid("caf\xC3\xA9"));
+}
+
 TEST(ClipTokenizer, DecodeRoundTrip) {
     // decode() ends every word with a space ("</w>" -> " "), as simple_tokenizer.py does.
     EXPECT_EQ(tok().decode(tok().encode_with_special("A photo of a CAT")), "a photo of a cat ");
