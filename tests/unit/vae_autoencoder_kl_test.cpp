@@ -469,3 +469,32 @@ TEST(VaeAutoencoderKL, GpuAndFlashAttentionMatchDiffusers) {
     }
     ggml_backend_free(gpu);
 }
+
+// Older diffusers files name the mid-block attention query/key/value/proj_attn (diffusers'
+// _convert_deprecated_attention_blocks undoes it): found and loaded through the same map.
+TEST(VaeAutoencoderKL, LegacyDiffusersAttentionNames) {
+    auto idx = io::WeightIndex::open(ref("autoencoder_kl_sd_tiny.safetensors"));
+    std::vector<StTensor> ts;
+    for (const auto& t : idx.tensors()) {
+        if (t.name.rfind("__", 0) == 0) continue;
+        std::string n = t.name;
+        n = std::regex_replace(n, std::regex(R"(\.attentions\.0\.to_q\.)"), ".attentions.0.query.");
+        n = std::regex_replace(n, std::regex(R"(\.attentions\.0\.to_k\.)"), ".attentions.0.key.");
+        n = std::regex_replace(n, std::regex(R"(\.attentions\.0\.to_v\.)"), ".attentions.0.value.");
+        n = std::regex_replace(n, std::regex(R"(\.attentions\.0\.to_out\.0\.)"), ".attentions.0.proj_attn.");
+        ts.push_back({n, t.shape, idx.read_f32(t)});
+    }
+    auto path = std::filesystem::temp_directory_path() / "easel_vae_legacy_test.safetensors";
+    write_safetensors(path, ts);
+    auto legacy = io::WeightIndex::open(path);
+    auto s = vae::find_autoencoder_kl(legacy);
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->layout, vae::KLLayout::DiffusersLegacy);
+    Backend be;
+    vae::KLOverrides ov;
+    ov.norm_num_groups = 8;
+    auto m = vae::AutoencoderKLModel::load(legacy, be.b, ov);
+    EXPECT_TRUE(m->config().mid_block_attention);
+    EXPECT_LT(max_abs_diff(m->decode(read4(idx, "__input__.latent")), read4(idx, "__output__.decoded_latent")), 1e-4f);
+    std::filesystem::remove(path);
+}
