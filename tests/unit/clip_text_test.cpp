@@ -64,6 +64,7 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 std::map<std::string, std::vector<float>> run_clip(clip::ClipTextModel& m, const Ref& r, bool flash,
                                                    const clip::ClipEncodeOptions& opt = {}) {
     runtime::GraphRunner run(nullptr, 2);
+    clip::check_token_ids(r.ids, m.config().vocab);
     auto pool = clip::pool_indices(r.ids, r.L, r.N, m.config().eos_token_id);
     std::vector<std::string> names;
     auto outs = run.run([&](runtime::GraphBuilder& g) {
@@ -164,6 +165,9 @@ TEST(ClipText, PoolIndices) {
     EXPECT_EQ(clip::pool_indices(ids, 5, 2, 999), (std::vector<int32_t>{2, 5}));  // row 1 has no eos -> position 0
     EXPECT_EQ(clip::pool_indices(ids, 5, 2, 2), (std::vector<int32_t>{2, 5}));    // argmax: first 999, then 998 at 0
     EXPECT_THROW(clip::pool_indices(ids, 4, 2, 999), Error);
+    EXPECT_NO_THROW(clip::check_token_ids(ids, 1000));
+    EXPECT_THROW(clip::check_token_ids(ids, 999), Error);  // 999 is outside [0, 999)
+    EXPECT_THROW(clip::check_token_ids({-1}, 10), Error);
 }
 
 TEST(ClipText, Sd15TinyParity) {

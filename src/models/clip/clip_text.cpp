@@ -273,6 +273,13 @@ ClipEncoded ClipTextModel::encode(nn::Ctx& c, const ClipInputs& in, const ClipEn
     return e;
 }
 
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab) {
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            fail(ErrorKind::InvalidInput, "token id {} at position {} is outside the text encoder's vocabulary of {}; "
+                 "the tokenizer does not match the model", ids[i], i, vocab);
+}
+
 std::vector<int32_t> pool_indices(const std::vector<int32_t>& ids, int64_t L, int64_t N, int64_t eos_token_id) {
     if ((int64_t)ids.size() != L * N) fail(ErrorKind::InvalidInput, "pool_indices: {} ids for {} x {}", ids.size(), N, L);
     std::vector<int32_t> out((size_t)N);

@@ -190,6 +190,10 @@ private:
     nn::Linear* proj_ = nullptr;
 };
 
+/// Checks host token ids before they become a graph input (ggml's get_rows would abort on an id
+/// outside the table). Throws Error(InvalidInput) naming the first bad id and its position.
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab);
+
 /// Host-side pooled-token rows for ClipInputs::pool_index, as transformers' CLIPTextTransformer:
 /// for each sequence n the first position whose id equals eos_token_id (position 0 if none), or
 /// argmax(ids) when eos_token_id == 2 (legacy configs). ids: N rows of L ids, row-major.
