@@ -7,6 +7,7 @@
 #include "placement/devices.h"
 
 #include <algorithm>
+#include <set>
 #include <cstdio>
 #include <cstring>
 
@@ -63,8 +64,27 @@ int main(int argc, char** argv) {
         runs.emplace_back(sub, c.setup(*sub));
     }
 
+    // sd-cli compatibility: `easel -m model -p prompt ...` (no subcommand) means `easel generate ...`.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    {
+        static const std::set<std::string> top_only{"-h", "--help", "--version", "--list-devices", "-v", "--verbose", "--color"};
+        bool has_sub = false, has_other = false;
+        for (size_t i = 0; i < args.size(); ++i) {
+            const std::string& a = args[i];
+            if (!a.empty() && a[0] != '-') {
+                for (auto& c : reg)
+                    if (c.name == a) has_sub = true;
+                break;
+            }
+            if (a == "--rpc-servers") { ++i; continue; }
+            if (!top_only.count(a) && a.rfind("--rpc-servers=", 0) != 0) has_other = true;
+        }
+        if (!has_sub && has_other) args.insert(args.begin(), "generate");
+    }
+    std::reverse(args.begin(), args.end());
+
     try {
-        app.parse(argc, argv);
+        app.parse(args);
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
     }

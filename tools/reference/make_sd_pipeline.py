@@ -347,8 +347,15 @@ def main():
             "vae_config": {k: v for k, v in dict(vae.config).items() if not k.startswith("_")},
             "vae_scale_factor": 8, "clip_skip": 1, "text_encoder_output": "last_hidden_state (final layer norm)",
             "cases": cases}
+    def finite(o):
+        # strict JSON: non-finite floats (scheduler configs hold -inf) become strings
+        if isinstance(o, float) and o != o: return "NaN"
+        if isinstance(o, float) and o in (float("inf"), float("-inf")): return "Infinity" if o > 0 else "-Infinity"
+        if isinstance(o, dict): return {k: finite(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)): return [finite(v) for v in o]
+        return o
     with open(os.path.join(a.out, "cases.json"), "w") as f:
-        json.dump(meta, f, indent=1, default=str)
+        json.dump(finite(meta), f, indent=1, default=str, allow_nan=False)
     import shutil
 
     shutil.rmtree(tok_dir)

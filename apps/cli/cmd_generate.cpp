@@ -1,0 +1,70 @@
+// `easel generate`: text-to-image, image-to-image and inpainting with sd-cli's flags.
+#include "command.h"
+#include "generate_options.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "pipeline/generate.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace {
+
+using namespace easel;
+
+std::string mib(size_t b) { return fmt::format("{:.1f} MiB", (double)b / (1024.0 * 1024.0)); }
+
+EASEL_COMMAND(
+    "generate", "Generate images from a prompt (txt2img, img2img with -i, inpainting with --mask)",
+    [](CLI::App& sub) -> std::function<int()> {
+        auto p = std::make_shared<pipeline::GenerateParams>();
+        auto common = std::make_shared<cli::CommonOptions>();
+        cli::add_generate_options(sub, *p);
+        cli::add_common_options(sub, *common);
+        sub.footer(
+            "sd-cli's flags work as they are, also without the word `generate` (easel -m ... -p ...).\n"
+            "Examples:\n"
+            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256\n"
+            "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
+            "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
+            "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png");
+        return [p, common]() -> int {
+            cli::apply_common_options(*common);
+            const bool tty = isatty(fileno(stderr));
+            auto t_last = std::chrono::steady_clock::now();
+            double sum = 0;
+            int count = 0;
+            auto progress = [&](int image, int step, int steps, double dt) {
+                sum += dt;
+                ++count;
+                double avg = sum / count;
+                if (tty) {
+                    int width = 30, fill = steps > 0 ? step * width / steps : width;
+                    std::fprintf(stderr, "\r  image %d [%s%s] %d/%d %s", image + 1, std::string((size_t)fill, '#').c_str(),
+                                 std::string((size_t)(width - fill), '.').c_str(), step, steps,
+                                 avg >= 1.0 ? fmt::format("{:.2f} s/it", avg).c_str() : fmt::format("{:.2f} it/s", 1.0 / avg).c_str());
+                    if (step == steps) std::fputc('\n', stderr);
+                    std::fflush(stderr);
+                } else {
+                    log::debug("image {} step {}/{}: {:.3f} s", image + 1, step, steps, dt);
+                }
+                (void)t_last;
+            };
+            auto rep = pipeline::generate(*p, progress);
+            double steps_total = 0;
+            for (double s : rep.step_s) steps_total += s;
+            log::info("timings: load {:.2f} s, text encoding {:.2f} s, denoising {:.2f} s ({} steps, {:.3f} s/it), VAE {:.2f} s",
+                      rep.load_s, rep.te_s, steps_total, rep.step_s.size(),
+                      rep.step_s.empty() ? 0.0 : steps_total / (double)rep.step_s.size(), rep.vae_s);
+            log::info("memory on {}: parameters {}, largest compute buffer {}; host peak RSS {}", rep.device, mib(rep.param_bytes),
+                      mib(rep.compute_peak_bytes), mib(rep.host_peak_rss_bytes));
+            for (auto& o : rep.outputs) std::printf("%s\n", o.c_str());
+            return 0;
+        };
+    },
+    20);
+
+}  // namespace

@@ -1,0 +1,63 @@
+// Parameters of one image-generation job, named and defaulted as stable-diffusion.cpp's
+// sd-cli names them (examples/cli/README.md there), so users' command lines carry over.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace easel::pipeline {
+
+/// Everything `easel generate` (and sd-cli-style flat invocations) accepts.
+/// Sizes are pixels; strengths and scales are unitless; seed -1 means "random, printed".
+struct GenerateParams {
+    std::string mode = "img_gen";  ///< -M/--mode (sd-cli); only img_gen is supported here
+
+    // model files
+    std::string model;            ///< -m: single file, GGUF, or diffusers folder
+    std::string diffusion_model;  ///< --diffusion-model: standalone diffusion model
+    std::string vae;              ///< --vae: standalone VAE overriding the model's
+    std::string taesd;            ///< --taesd/--tae: tiny autoencoder used for decoding
+    std::string clip_l, clip_g, t5xxl, llm;  ///< standalone text encoders
+    std::string weight_type;      ///< --type: f32, f16, bf16, q8_0, q4_0, ... ("" keeps the file's)
+
+    // prompt
+    std::string prompt;           ///< -p
+    std::string negative_prompt;  ///< -n
+    int clip_skip = -1;           ///< --clip-skip: <= 0 means family default (1 SD1.x, 2 SD2.x)
+
+    // sampling
+    float cfg_scale = 7.0f;       ///< --cfg-scale
+    float guidance = 3.5f;        ///< --guidance (distilled-guidance models)
+    int steps = 20;               ///< --steps
+    std::string sampling_method;  ///< --sampling-method ("" = family default: euler_a for SD)
+    std::string scheduler;        ///< --scheduler ("" = discrete)
+    float eta = 0.0f;             ///< --eta
+    float flow_shift = 0.0f;      ///< --flow-shift (0 = auto)
+    std::string prediction;       ///< --prediction override: eps, v, ... ("" = detect)
+    int64_t seed = 42;            ///< -s/--seed (< 0: random, printed)
+    std::string rng = "cuda";     ///< --rng: cuda (A1111), cpu (ComfyUI), std_default
+    std::string sampler_rng;      ///< --sampler-rng ("" = same as --rng)
+
+    // image
+    int width = 512, height = 512;  ///< -W/-H in pixels
+    int batch_count = 1;            ///< -b
+    std::string output = "output.png";  ///< -o; printf-style %d allowed for batches
+    std::string init_img;           ///< -i
+    std::string mask;               ///< --mask
+    float strength = 0.75f;         ///< --strength (img2img)
+
+    // VAE
+    bool vae_tiling = false;        ///< --vae-tiling
+    std::string vae_tile_size = "32x32";  ///< --vae-tile-size in latent cells
+    float vae_tile_overlap = 0.5f;  ///< --vae-tile-overlap, fraction of the tile
+
+    // execution
+    bool flash_attn = false;        ///< --fa
+    bool diffusion_fa = false;      ///< --diffusion-fa
+    int threads = -1;               ///< -t (<= 0: physical cores)
+    bool verbose = false;           ///< -v
+    bool color = false;             ///< --color
+};
+
+}  // namespace easel::pipeline
