@@ -19,7 +19,9 @@ Param& Block::param(const std::string& name, std::vector<int64_t> shape, ParamRo
     return ref;
 }
 
+// An empty child name adds no path component (a grouping Block whose children carry full names).
 static std::string join(const std::string& prefix, const std::string& name) {
+    if (name.empty()) return prefix;
     return prefix.empty() ? name : prefix + "." + name;
 }
 

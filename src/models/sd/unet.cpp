@@ -8,25 +8,28 @@
 
 namespace easel::models::sd {
 
-namespace {
-template <class U, class K>
-U make_unit_impl(K kind, int block, int layer) {
-    U u;
-    u.kind = kind;
-    u.block = block;
-    u.layer = layer;
-    return u;
+void UNetState::visit_tensors(const nn::StateTensorFn& f) {
+    f("h", h);
+    f("temb", temb);
+    f("context", context);
+    for (size_t k = 0; k < skips.size(); ++k) f(fmt::format("skip.{}", k).c_str(), skips[k]);
 }
-}  // namespace
 
 UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
     const UNetConfig& c = cfg_;
-    auto make_unit = [](Kind k, int b, int j) { return make_unit_impl<Unit>(k, b, j); };
     if (c.has_add_embedding)
         fail(ErrorKind::Unsupported,
              "this UNet has add_embedding (SDXL-style text_time conditioning), which this build does not run yet");
     const int G = c.norm_groups;
     const float eps = c.norm_eps;
+    auto unit = [&](Kind k, int b, int j) {
+        UNetUnit& u = add<UNetUnit>("");  // empty name: children carry their full paths
+        u.kind = k;
+        u.block = b;
+        u.layer = j;
+        units_.push_back(&u);
+        return &u;
+    };
 
     conv_in_ = &add<nn::Conv2d>("conv_in", c.in_channels, c.model_channels, c.conv_in_kernel, 1, (c.conv_in_kernel - 1) / 2);
     time_linear_1_ = &add<nn::Linear>("time_embedding.linear_1", c.time_proj_dim, c.time_embed_dim);
@@ -35,58 +38,32 @@ UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
     for (int b = 0; b < (int)c.down.size(); ++b) {
         auto& d = c.down[b];
         for (int j = 0; j < (int)d.resnets.size(); ++j) {
-            Unit u = make_unit(Kind::Down, b, j);
-            std::string rp = fmt::format("down_blocks.{}.resnets.{}", b, j);
-            u.resnet = &add<ResnetBlock2D>(rp, d.resnets[j], G, eps);
-            u.modules.emplace_back(rp, u.resnet);
-            if (j < (int)d.attentions.size()) {
-                std::string ap = fmt::format("down_blocks.{}.attentions.{}", b, j);
-                u.attn = &add<Transformer2D>(ap, d.attentions[j], G);
-                u.modules.emplace_back(ap, u.attn);
-            }
-            units_.push_back(std::move(u));
+            UNetUnit* u = unit(Kind::Down, b, j);
+            u->resnet = &u->add<ResnetBlock2D>(fmt::format("down_blocks.{}.resnets.{}", b, j), d.resnets[j], G, eps);
+            if (j < (int)d.attentions.size())
+                u->attn = &u->add<Transformer2D>(fmt::format("down_blocks.{}.attentions.{}", b, j), d.attentions[j], G);
         }
         if (d.downsample) {
-            Unit u = make_unit(Kind::Downsample, b, (int)d.resnets.size());
-            std::string p = fmt::format("down_blocks.{}.downsamplers.0", b);
-            u.down = &add<Downsample2D>(p, d.resnets.back().out);
-            u.modules.emplace_back(p, u.down);
-            units_.push_back(std::move(u));
+            UNetUnit* u = unit(Kind::Downsample, b, (int)d.resnets.size());
+            u->down = &u->add<Downsample2D>(fmt::format("down_blocks.{}.downsamplers.0", b), d.resnets.back().out);
         }
     }
     if (c.mid.present) {
-        Unit u = make_unit(Kind::Mid, 0, 0);
-        // diffusers registers mid_block.attentions before mid_block.resnets; order of names does not matter
-        for (size_t j = 0; j < c.mid.resnets.size(); ++j) {
-            std::string rp = fmt::format("mid_block.resnets.{}", j);
-            mid_resnets_.push_back(&add<ResnetBlock2D>(rp, c.mid.resnets[j], G, eps));
-            u.modules.emplace_back(rp, mid_resnets_.back());
-        }
-        for (size_t j = 0; j < c.mid.attentions.size(); ++j) {
-            std::string ap = fmt::format("mid_block.attentions.{}", j);
-            mid_attns_.push_back(&add<Transformer2D>(ap, c.mid.attentions[j], G));
-            u.modules.emplace_back(ap, mid_attns_.back());
-        }
-        units_.push_back(std::move(u));
+        UNetUnit* u = unit(Kind::Mid, 0, 0);
+        for (size_t j = 0; j < c.mid.resnets.size(); ++j)
+            u->mid_resnets.push_back(&u->add<ResnetBlock2D>(fmt::format("mid_block.resnets.{}", j), c.mid.resnets[j], G, eps));
+        for (size_t j = 0; j < c.mid.attentions.size(); ++j)
+            u->mid_attns.push_back(&u->add<Transformer2D>(fmt::format("mid_block.attentions.{}", j), c.mid.attentions[j], G));
     }
     for (int b = 0; b < (int)c.up.size(); ++b) {
         auto& ub = c.up[b];
         for (int j = 0; j < (int)ub.resnets.size(); ++j) {
-            Unit u = make_unit(Kind::Up, b, j);
-            std::string rp = fmt::format("up_blocks.{}.resnets.{}", b, j);
-            u.resnet = &add<ResnetBlock2D>(rp, ub.resnets[j], G, eps);
-            u.modules.emplace_back(rp, u.resnet);
-            if (j < (int)ub.attentions.size()) {
-                std::string ap = fmt::format("up_blocks.{}.attentions.{}", b, j);
-                u.attn = &add<Transformer2D>(ap, ub.attentions[j], G);
-                u.modules.emplace_back(ap, u.attn);
-            }
-            if (ub.upsample && j + 1 == (int)ub.resnets.size()) {
-                std::string p = fmt::format("up_blocks.{}.upsamplers.0", b);
-                u.up = &add<Upsample2D>(p, ub.resnets.back().out);
-                u.modules.emplace_back(p, u.up);
-            }
-            units_.push_back(std::move(u));
+            UNetUnit* u = unit(Kind::Up, b, j);
+            u->resnet = &u->add<ResnetBlock2D>(fmt::format("up_blocks.{}.resnets.{}", b, j), ub.resnets[j], G, eps);
+            if (j < (int)ub.attentions.size())
+                u->attn = &u->add<Transformer2D>(fmt::format("up_blocks.{}.attentions.{}", b, j), ub.attentions[j], G);
+            if (ub.upsample && j + 1 == (int)ub.resnets.size())
+                u->up = &u->add<Upsample2D>(fmt::format("up_blocks.{}.upsamplers.0", b), ub.resnets.back().out);
         }
     }
     conv_norm_out_ = &add<nn::GroupNorm>("conv_norm_out", G, c.model_channels, eps);
@@ -94,8 +71,8 @@ UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
                                  (c.conv_out_kernel - 1) / 2);
 }
 
-std::string UNet2DCondition::block_name(size_t i) const {
-    const Unit& u = units_.at(i);
+std::string UNet2DCondition::block_name(int i) const {
+    const UNetUnit& u = *units_.at((size_t)i);
     switch (u.kind) {
         case Kind::Down:
             return fmt::format("down_blocks.{}.resnets.{}{}", u.block, u.layer,
@@ -107,10 +84,6 @@ std::string UNet2DCondition::block_name(size_t i) const {
                                u.attn ? fmt::format("+attentions.{}", u.layer) : "", u.up ? "+upsamplers.0" : "");
     }
     return {};
-}
-
-void UNet2DCondition::visit_block_params(size_t i, const std::function<void(const std::string&, nn::Param&)>& fn) {
-    for (auto& [path, m] : units_.at(i).modules) m->visit_params(path, fn);
 }
 
 void UNet2DCondition::visit_prologue_params(const std::function<void(const std::string&, nn::Param&)>& fn) {
@@ -159,8 +132,9 @@ UNetState UNet2DCondition::prologue(nn::Ctx& c, const UNetInputs& in) const {
     return s;
 }
 
-void UNet2DCondition::forward_block(nn::Ctx& c, size_t i, UNetState& s) const {
-    const Unit& u = units_.at(i);
+UNetState UNet2DCondition::block(nn::Ctx& c, int i, UNetState s) const {
+    if (i < 0 || i >= n_blocks()) fail(ErrorKind::InvalidInput, "UNet has no block {} (it has {})", i, n_blocks());
+    const UNetUnit& u = *units_[(size_t)i];
     ggml_context* g = c.ctx;
     switch (u.kind) {
         case Kind::Down:
@@ -173,21 +147,21 @@ void UNet2DCondition::forward_block(nn::Ctx& c, size_t i, UNetState& s) const {
             s.skips.push_back(s.h);
             break;
         case Kind::Mid:
-            s.h = mid_resnets_[0]->forward(c, s.h, s.temb);
-            for (size_t j = 0; j < mid_attns_.size(); ++j) {
-                s.h = mid_attns_[j]->forward(c, s.h, s.context);
-                s.h = mid_resnets_[j + 1]->forward(c, s.h, s.temb);
+            s.h = u.mid_resnets[0]->forward(c, s.h, s.temb);
+            for (size_t j = 0; j < u.mid_attns.size(); ++j) {
+                s.h = u.mid_attns[j]->forward(c, s.h, s.context);
+                s.h = u.mid_resnets[j + 1]->forward(c, s.h, s.temb);
             }
-            if (mid_attns_.empty())
-                for (size_t j = 1; j < mid_resnets_.size(); ++j) s.h = mid_resnets_[j]->forward(c, s.h, s.temb);
+            if (u.mid_attns.empty())
+                for (size_t j = 1; j < u.mid_resnets.size(); ++j) s.h = u.mid_resnets[j]->forward(c, s.h, s.temb);
             break;
         case Kind::Up: {
-            if (s.skips.empty()) fail(ErrorKind::Internal, "UNet {}: skip stack is empty", block_name(i));
+            if (s.skips.empty()) fail(ErrorKind::InvalidInput, "UNet {}: the skip stack is empty (blocks run out of order?)", block_name(i));
             ggml_tensor* skip = s.skips.back();
             s.skips.pop_back();
-            if (skip->ne[0] != s.h->ne[0] || skip->ne[1] != s.h->ne[1])
-                fail(ErrorKind::Internal, "UNet {}: skip {}x{} does not match hidden {}x{}", block_name(i), skip->ne[0],
-                     skip->ne[1], s.h->ne[0], s.h->ne[1]);
+            if (skip->ne[0] != s.h->ne[0] || skip->ne[1] != s.h->ne[1] || skip->ne[3] != s.h->ne[3])
+                fail(ErrorKind::InvalidInput, "UNet {}: skip {}x{} does not match hidden {}x{} (blocks run out of order?)",
+                     block_name(i), skip->ne[0], skip->ne[1], s.h->ne[0], s.h->ne[1]);
             s.h = ggml_concat(g, s.h, skip, 2);  // torch.cat([hidden, skip], dim=1)
             s.h = u.resnet->forward(c, s.h, s.temb);
             if (u.attn) s.h = u.attn->forward(c, s.h, s.context);
@@ -205,17 +179,12 @@ void UNet2DCondition::forward_block(nn::Ctx& c, size_t i, UNetState& s) const {
             break;
         }
     }
+    return s;
 }
 
-ggml_tensor* UNet2DCondition::epilogue(nn::Ctx& c, UNetState& s) const {
+ggml_tensor* UNet2DCondition::epilogue(nn::Ctx& c, UNetState s) const {
     ggml_tensor* h = ggml_silu(c.ctx, conv_norm_out_->forward(c, s.h));
     return conv_out_->forward(c, h);
-}
-
-ggml_tensor* UNet2DCondition::forward(nn::Ctx& c, const UNetInputs& in) const {
-    UNetState s = prologue(c, in);
-    for (size_t i = 0; i < units_.size(); ++i) forward_block(c, i, s);
-    return epilogue(c, s);
 }
 
 LoadedUNet load_unet(const io::WeightIndex& index, ggml_backend_buffer_type_t buft, const UNetOverrides& ov,

@@ -21,6 +21,7 @@
 
 #include "models/sd/unet_blocks.h"
 #include "models/sd/unet_config.h"
+#include "nn/sequence.h"
 
 #include <functional>
 #include <memory>
@@ -36,19 +37,41 @@ struct UNetInputs {
     ggml_tensor* context = nullptr;   ///< conditioning [N, L, Dctx], ne {Dctx, L, N} (text encoder hidden states)
 };
 
-/// What flows between blocks.
+/// What flows between blocks (an nn::SequenceState). Nothing is recomputed: every tensor a
+/// later block reads is here.
 struct UNetState {
     ggml_tensor* h = nullptr;         ///< hidden state {W, H, C, N}
     ggml_tensor* temb = nullptr;      ///< silu(time embedding) {Temb, N}: what every resnet consumes
     ggml_tensor* context = nullptr;   ///< {Dctx, L, N}
     std::vector<ggml_tensor*> skips;  ///< skip stack, bottom (conv_in output) first
+
+    /// Calls f on "h", "temb", "context", then "skip.0" .. "skip.{n-1}" (bottom first).
+    void visit_tensors(const nn::StateTensorFn& f);
 };
 
-/// The UNet: a Block tree whose parameter names are the diffusers names, and its block sequence.
-class UNet2DCondition : public nn::Block {
+/// One entry of the UNet's block sequence: a grouping Block (empty name) whose children are
+/// added under their full diffusers paths, so block_params(i) is one subtree and parameter
+/// names stay the checkpoint names.
+class UNetUnit : public nn::Block {
 public:
     /// Kind of an entry of the block sequence.
     enum class Kind { Down, Downsample, Mid, Up };
+    Kind kind = Kind::Down;
+    int block = 0;  ///< down/up block index
+    int layer = 0;  ///< resnet index inside the block
+    ResnetBlock2D* resnet = nullptr;
+    Transformer2D* attn = nullptr;
+    Downsample2D* down = nullptr;
+    Upsample2D* up = nullptr;
+    std::vector<ResnetBlock2D*> mid_resnets;  ///< Mid: resnets[0], (attentions[i], resnets[i+1])...
+    std::vector<Transformer2D*> mid_attns;
+};
+
+/// The UNet: a Block tree whose parameter names are the diffusers names, run as an
+/// nn::Sequence (see nn/sequence.h). Outputs: the eps / v prediction [N, out, H, W], ne {W, H, out, N}.
+class UNet2DCondition : public nn::Block, public nn::Sequence<UNetInputs, UNetState, ggml_tensor*> {
+public:
+    using Kind = UNetUnit::Kind;
 
     /// Builds the tree for `cfg` (from infer_unet_config()). Throws Error(Unsupported) for an
     /// SDXL-style UNet (add_embedding) until that is implemented.
@@ -56,14 +79,13 @@ public:
 
     const UNetConfig& config() const { return cfg_; }
 
-    /// Number of entries in the block sequence.
-    size_t num_blocks() const { return units_.size(); }
+    int n_blocks() const override { return (int)units_.size(); }
     /// Kind of entry i.
-    Kind block_kind(size_t i) const { return units_.at(i).kind; }
+    Kind block_kind(int i) const { return units_.at((size_t)i)->kind; }
     /// Readable name of entry i, e.g. "down_blocks.0.resnets.1+attentions.1".
-    std::string block_name(size_t i) const;
-    /// Calls fn(full_name, param) for every parameter entry i uses (prologue/epilogue: see below).
-    void visit_block_params(size_t i, const std::function<void(const std::string&, nn::Param&)>& fn);
+    std::string block_name(int i) const;
+    /// The parameters of entry i (visit_params("") gives their full diffusers names).
+    const nn::Block& block_params(int i) const override { return *units_.at((size_t)i); }
     /// Parameters of the prologue (time_embedding, conv_in) and epilogue (conv_norm_out, conv_out).
     void visit_prologue_params(const std::function<void(const std::string&, nn::Param&)>& fn);
     void visit_epilogue_params(const std::function<void(const std::string&, nn::Param&)>& fn);
@@ -72,37 +94,21 @@ public:
     /// timestep {N}, context {context_dim, L >= 1, N}, all F32. Throws Error(InvalidInput).
     void validate(const UNetInputs& in) const;
 
-    /// Time embedding and conv_in; returns the state before block 0. Validates the inputs.
-    UNetState prologue(nn::Ctx& c, const UNetInputs& in) const;
-    /// Runs entry i on the state. Entries must run in order 0..num_blocks()-1.
-    void forward_block(nn::Ctx& c, size_t i, UNetState& s) const;
+    /// Time embedding and conv_in; returns the state before block 0. Validates the inputs first.
+    UNetState prologue(nn::Ctx& c, const UNetInputs& in) const override;
+    /// Entry i on the state leaving entry i-1. Entries must run in order.
+    UNetState block(nn::Ctx& c, int i, UNetState s) const override;
     /// conv_norm_out, SiLU, conv_out: returns eps / v prediction [N, out, H, W], ne {W, H, out, N}.
-    ggml_tensor* epilogue(nn::Ctx& c, UNetState& s) const;
-
-    /// The whole network: prologue, every block, epilogue.
-    ggml_tensor* forward(nn::Ctx& c, const UNetInputs& in) const;
+    ggml_tensor* epilogue(nn::Ctx& c, UNetState s) const override;
 
 private:
-    struct Unit {
-        Kind kind;
-        int block = 0;  ///< down/up block index
-        int layer = 0;  ///< resnet index inside the block
-        ResnetBlock2D* resnet = nullptr;
-        Transformer2D* attn = nullptr;
-        Downsample2D* down = nullptr;
-        Upsample2D* up = nullptr;
-        std::vector<std::pair<std::string, nn::Block*>> modules;  ///< full path -> module
-    };
-
     UNetConfig cfg_;
     nn::Conv2d* conv_in_;
     nn::Linear* time_linear_1_;
     nn::Linear* time_linear_2_;
-    std::vector<ResnetBlock2D*> mid_resnets_;
-    std::vector<Transformer2D*> mid_attns_;
     nn::GroupNorm* conv_norm_out_;
     nn::Conv2d* conv_out_;
-    std::vector<Unit> units_;
+    std::vector<UNetUnit*> units_;
 };
 
 /// A UNet with its parameters loaded.
