@@ -140,6 +140,7 @@ void aligned_rows(const uint8_t* src, int64_t n, float* dst, F f) {
 }  // namespace
 
 void to_f32(const uint8_t* src, DType d, ggml_type g, int64_t n, float* dst) {
+    if (n <= 0) return;
     if (d == DType::Ggml) {
         switch (g) {
             case GGML_TYPE_F32: d = DType::F32; break;
