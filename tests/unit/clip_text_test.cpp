@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
+#include "placement/devices.h"
 #include "runtime/graph_runner.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+extern char** environ;
 
 using namespace easel;
 namespace clip = easel::models::clip;
@@ -436,3 +444,60 @@ TEST(ClipText, SdTinyDiffusersFolderParity) {
     std::ifstream f(ref_path("sd_tiny/diffusers/text_encoder/config.json"));
     check_sd_tiny(idx, clip::overrides_from_config_json(nlohmann::json::parse(f)), "");
 }
+
+#ifdef EASEL_HAS_RPC
+TEST(ClipText, RunsOnRpcDevice) {
+    // Parameters in a non-host buffer, inputs/outputs through the backend API: an easel
+    // rpc-server on 127.0.0.1 serving its CPU (the multi-device set-up of CI).
+    const int port = 50900 + (int)(::getpid() % 500);
+    std::string port_s = std::to_string(port);
+    const char* argv[] = {EASEL_BINARY, "rpc-server", "--port", port_s.c_str(), "--device", "CPU", "--threads", "1", nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, EASEL_BINARY, nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    struct Kill {
+        pid_t pid;
+        ~Kill() {
+            ::kill(pid, SIGTERM);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } killer{pid};
+    std::string endpoint = "127.0.0.1:" + port_s;
+    bool up = false;
+    for (int i = 0; i < 100 && !up; ++i) {
+        try {
+            placement::add_rpc_servers(endpoint);
+            up = true;
+        } catch (const Error&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    }
+    ASSERT_TRUE(up) << "rpc-server did not come up on " << endpoint;
+    ggml_backend_dev_t dev = nullptr;
+    for (auto& d : placement::list_devices())
+        if (d.name.rfind("RPC", 0) == 0 && (d.name + d.description).find(endpoint) != std::string::npos) dev = d.dev;
+    ASSERT_NE(dev, nullptr);
+
+    Ref r = load_ref("clip_text_with_projection_tiny");
+    auto keys = clip::find_clip_text_encoders(r.idx);
+    auto cfg = clip::infer_config(r.idx, keys.at(0), clip::overrides_from_config_json(sidecar("clip_text_with_projection_tiny")["config"]));
+    clip::ClipTextModel m(cfg);
+    runtime::GraphRunner run(dev);
+    auto pb = nn::ParamBuffer::load(m, clip::make_tensor_source(r.idx, keys[0], cfg), run.buffer_type(),
+                                    clip::default_load_options(keys[0], cfg, r.idx));
+    EXPECT_FALSE(ggml_backend_buffer_is_host(pb.buffer()));
+    auto pool = clip::pool_indices(r.ids, r.L, r.N, cfg.eos_token_id);
+    for (bool flash : {false, true}) {
+        auto out = run.run([&](runtime::GraphBuilder& g) {
+            nn::Ctx c{g.ctx(), flash, g.backend()};
+            clip::ClipInputs in{g.input_i32("ids", {r.L, r.N}, r.ids), g.input_i32("pool", {r.N}, pool)};
+            auto e = m.encode(c, in, {.clip_skip = 2, .final_norm_on_skip = false});
+            return std::vector<ggml_tensor*>{e.out.last_hidden_state, e.out.text_embeds, e.context};
+        });
+        float e0 = max_abs_diff(out[0].data, r.out("last_hidden_state"));
+        float e1 = max_abs_diff(out[1].data, r.out("text_embeds"));
+        float e2 = max_abs_diff(out[2].data, r.out("hidden_states.2"));
+        std::cout << "[rpc] flash=" << flash << " last_hidden_state " << e0 << " text_embeds " << e1 << " hidden_states[-2] " << e2 << "\n";
+        EXPECT_LT(std::max({e0, e1, e2}), 1e-4f);
+    }
+}
+#endif
