@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -79,8 +80,32 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
     return (p.parent_path() / (p.stem().string() + "_" + std::to_string(index + 1) + p.extension().string())).string();
 }
 
-GenerateReport generate(const GenerateParams& p, const ProgressFn& progress) {
+std::string find_demo_model() {
+    if (const char* env = std::getenv("EASEL_DEMO_MODEL"); env && *env) return env;
+    std::error_code ec;
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    std::vector<fs::path> cands;
+    if (!ec) {
+        fs::path bin = exe.parent_path();
+        cands = {bin / "../../models/demo", bin / "../models/demo", bin / "../share/easel/models/demo"};
+    }
+    cands.push_back("models/demo");
+    for (auto& c : cands) {
+        fs::path f = c / "easel-demo-shapes.safetensors";
+        if (fs::is_regular_file(f, ec)) return fs::weakly_canonical(f, ec).string();
+    }
+    return {};
+}
+
+GenerateReport generate(const GenerateParams& params, const ProgressFn& progress) {
     GenerateReport rep;
+    GenerateParams p = params;
+    if (p.model.empty() && p.diffusion_model.empty()) {
+        p.model = find_demo_model();
+        if (p.model.empty())
+            fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder)");
+        log::info("no -m given: using the bundled demo model {}", p.model);
+    }
     if (p.prompt.empty() && p.init_img.empty()) log::warn("empty prompt");
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);

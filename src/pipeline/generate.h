@@ -31,7 +31,12 @@ struct GenerateReport {
 /// Progress callback: (image index, step done (1-based), steps, seconds of that step).
 using ProgressFn = std::function<void(int image, int step, int steps, double seconds)>;
 
-/// Runs a generation job. Throws easel::Error (one-line messages) for bad input: unknown
+/// The bundled demo model (models/demo/easel-demo-shapes.safetensors), looked up through
+/// $EASEL_DEMO_MODEL, then beside the executable (build tree or install prefix), then the
+/// current folder; empty if not found.
+std::string find_demo_model();
+
+/// Runs a generation job. Without -m/--diffusion-model the bundled demo model is used. Throws easel::Error (one-line messages) for bad input: unknown
 /// sampler/scheduler/rng names, unreadable or wrong-kind model files, an unreadable init image,
 /// a mask whose size differs from the init image, etc. Width and height that are not
 /// multiples of the latent factor (8) are rounded down with a warning.
