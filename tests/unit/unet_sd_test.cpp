@@ -531,3 +531,73 @@ TEST(UnetSd, OddLatentSizesKeepTheirShape) {
     EXPECT_EQ(out.ne, (std::array<int64_t, 4>{10, 13, 4, 1}));
     for (float v : out.data) ASSERT_TRUE(std::isfinite(v));
 }
+
+namespace {
+
+// The first UNet call of a tiny SD1.x pipeline generation (tests/data/reference/sd_tiny, made by
+// tools/reference/make_sd_pipeline.py with diffusers): batch [uncond, cond] (or [cond] without CFG).
+struct PipelineCall {
+    std::vector<float> sample, timestep, context, expected;
+    std::array<int64_t, 4> nchw{};
+};
+
+PipelineCall pipeline_call(const std::string& name) {
+    auto idx = io::WeightIndex::open(kDir / "sd_tiny" / ("case_" + name + ".safetensors"));
+    PipelineCall p;
+    const io::TensorInfo* s = idx.find("unet0_sample");
+    for (int i = 0; i < 4; ++i) p.nchw[i] = s->shape[i];
+    p.sample = idx.read_f32(*s);
+    p.expected = tensor(idx, "unet0_out");
+    const float t = tensor(idx, "unet0_timestep").at(0);
+    p.timestep.assign((size_t)p.nchw[0], t);
+    if (p.nchw[0] == 2) p.context = tensor(idx, "uncond");
+    auto cond = tensor(idx, "cond");
+    p.context.insert(p.context.end(), cond.begin(), cond.end());
+    return p;
+}
+
+}  // namespace
+
+TEST(UnetSd, TinyPipelineDiffusersFolderAndSingleFile) {
+    // diffusers folder: heads (attention_head_dim=8) and groups (32) from its config.json;
+    // single file (LDM names under model.diffusion_model.): no config, the SD1.x conventions.
+    auto folder = io::WeightIndex::open(kDir / "sd_tiny" / "diffusers" / "unet");
+    auto single = io::WeightIndex::open(kDir / "sd_tiny" / "sd_tiny.safetensors");
+    UNetConfig cf = infer_unet_config(folder), cs = infer_unet_config(single);
+    EXPECT_EQ(cf.layout, UNetKeyLayout::Diffusers);
+    EXPECT_EQ(cs.layout, UNetKeyLayout::Ldm);
+    EXPECT_EQ(cs.prefix, "model.diffusion_model.");
+    for (auto* c : {&cf, &cs}) {
+        EXPECT_EQ(c->model_channels, 32);
+        EXPECT_EQ(c->context_dim, 64);
+        EXPECT_EQ(c->norm_groups, 32);
+        EXPECT_EQ(c->down[0].attentions[0].heads, 8);
+        EXPECT_EQ(c->mid.attentions[0].heads, 8);
+        EXPECT_EQ(c->mid.attentions[0].head_dim, 8);
+    }
+    EXPECT_EQ(cf.heads_source, "config.json");
+    EXPECT_EQ(cs.heads_source, "SD1.x convention (8 heads)");
+
+    runtime::GraphRunner runner;
+    nn::LoadOptions f32;
+    f32.weight_type = GGML_TYPE_F32;  // the reference ran in float32 on f16-rounded weights
+    auto uf = load_unet(folder, runner.buffer_type(), {}, f32);
+    auto us = load_unet(single, runner.buffer_type(), {}, f32);   // unexpected keys checked under the prefix
+    auto us16 = load_unet(single, runner.buffer_type(), {});      // weights kept in f16
+    for (const char* name : {"euler_discrete_a_s0", "euler_discrete_a_s0_96x64", "dpmpp2m_karras_b_s0_cfg1"}) {
+        auto p = pipeline_call(name);
+        float amax = 0;
+        for (float v : p.expected) amax = std::max(amax, std::fabs(v));
+        const int64_t L = 77;
+        auto of = run_unet(*uf.net, runner, p.sample, p.nchw, p.timestep, p.context, L, false);
+        auto os = run_unet(*us.net, runner, p.sample, p.nchw, p.timestep, p.context, L, true);
+        auto o16 = run_unet(*us16.net, runner, p.sample, p.nchw, p.timestep, p.context, L, false);
+        const float ef = max_abs_diff(of.data, p.expected), es = max_abs_diff(os.data, p.expected),
+                    e16 = max_abs_diff(o16.data, p.expected);
+        std::printf("[sd_tiny %s, t=%.2f, max |out| %.3g] folder f32 %.3g, single file f32 + flash %.3g, single file f16 %.3g\n",
+                    name, p.timestep[0], amax, ef, es, e16);
+        EXPECT_LT(ef, 1e-4f) << name;
+        EXPECT_LT(es, 1e-4f) << name;
+        EXPECT_LT(e16, 2e-3f * amax) << name;  // f16 weights: activations rounded to f16 in the matmuls
+    }
+}
