@@ -10,6 +10,8 @@ namespace easel::cli {
 /// Adds every generation option to `app`, bound to `p`. Flag names and defaults follow
 /// stable-diffusion.cpp's sd-cli (examples/cli/README.md there).
 inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
+    // A flag given twice takes its last value, as sd-cli does (scripts often append overrides).
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.add_option("-M,--mode", p.mode, "Run mode (sd-cli): img_gen (the only one supported by generate)")
         ->check(CLI::IsMember({"img_gen"}));
     auto* g = "Model files";
