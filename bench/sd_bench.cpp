@@ -304,6 +304,7 @@ struct Options {
     std::string device;
     int threads = 0;
     int reps = 3;
+    int warmup = 1;
     std::string only;
     std::string type = "f16";
     int size = 512;
@@ -314,15 +315,21 @@ struct Options {
     bool flash = false;
 };
 
-/// Runs `once` (which returns its output) warm-up + reps times; fills times, stats of the last output.
+/// Runs `once` (which returns its output) o.warmup untimed + o.reps timed times; returns the
+/// times, the compute buffer of the last run and statistics of the last output.
 json time_runs(const Options& o, runtime::GraphRunner& run, const std::function<runtime::HostTensor()>& once) {
     json r;
-    auto t0 = Clock::now();
-    runtime::HostTensor out = once();
-    r["warmup_s"] = seconds_since(t0);
+    runtime::HostTensor out;
+    std::vector<double> warm;
+    for (int i = 0; i < o.warmup; ++i) {
+        auto t0 = Clock::now();
+        out = once();
+        warm.push_back(seconds_since(t0));
+    }
+    r["warmup_s"] = warm;
     std::vector<double> times;
     for (int i = 0; i < o.reps; ++i) {
-        t0 = Clock::now();
+        auto t0 = Clock::now();
         out = once();
         times.push_back(seconds_since(t0));
     }
@@ -338,10 +345,12 @@ json time_runs(const Options& o, runtime::GraphRunner& run, const std::function<
 std::string mib(double b) { return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0)); }
 
 void print_result(const json& r) {
-    fmt::print("  {:<6} {:<5} median {:.3f} s over {} reps (warm-up {:.3f} s); params {} ({:.1f} M) ; compute buffer {}; "
+    double warm = 0;
+    for (auto& w : r["warmup_s"]) warm += w.get<double>();
+    fmt::print("  {:<6} {:<5} median {:.3f} s over {} reps ({} warm-up runs, {:.3f} s); params {} ({:.1f} M) ; compute buffer {}; "
                "output mean {:.4g} std {:.4g}, non-finite {}\n",
                r["what"].get<std::string>(), r["type"].get<std::string>(), r["median_s"].get<double>(),
-               r["times_s"].size(), r["warmup_s"].get<double>(), mib(r["param_bytes"].get<double>()),
+               r["times_s"].size(), r["warmup_s"].size(), warm, mib(r["param_bytes"].get<double>()),
                r["param_count"].get<double>() / 1e6, mib(r["compute_bytes"].get<double>()),
                r["output"]["mean"].get<double>(), r["output"]["std"].get<double>(), r["output"]["non_finite"].get<int64_t>());
 }
@@ -499,7 +508,7 @@ json bench_demo(const Options& o) {
     p.output = out.string();
     json runs = json::array();
     std::vector<double> totals;
-    for (int i = 0; i < std::max(1, o.reps) + 1; ++i) {  // run 0 is the warm-up
+    for (int i = 0; i < o.warmup + o.reps; ++i) {  // the first o.warmup runs are warm-ups
         auto t0 = Clock::now();
         pipeline::GenerateReport rep = pipeline::generate(p);
         const double total = seconds_since(t0);
@@ -511,9 +520,9 @@ json bench_demo(const Options& o) {
                   {"compute_peak_bytes", rep.compute_peak_bytes}, {"host_peak_rss_bytes", rep.host_peak_rss_bytes}};
         fmt::print("  demo {}: total {:.2f} s = load {:.2f} + te {:.2f} + denoise {:.2f} ({} steps, median {:.3f} s/step) + vae {:.2f}"
                    " (device {}, compute peak {})\n",
-                   i == 0 ? "warm-up" : fmt::format("rep {}", i), total, rep.load_s, rep.te_s, steps, rep.step_s.size(),
+                   i < o.warmup ? fmt::format("warm-up {}", i + 1) : fmt::format("rep {}", i + 1 - o.warmup), total, rep.load_s, rep.te_s, steps, rep.step_s.size(),
                    median(rep.step_s), rep.vae_s, rep.device, mib((double)rep.compute_peak_bytes));
-        if (i > 0) totals.push_back(total);
+        if (i >= o.warmup) totals.push_back(total);
         runs.push_back(r);
     }
     std::error_code ec;
@@ -540,7 +549,8 @@ int main_impl(int argc, char** argv) {
     CLI::App app{"easel-bench: full-size SD1.5 module timings with made-up weights, and the demo pipeline"};
     app.add_option("--device", o.device, "ggml device name (see `easel devices`); default: the first GPU, else the CPU");
     app.add_option("-t,--threads", o.threads, "CPU threads (0: all hardware threads)")->check(CLI::NonNegativeNumber);
-    app.add_option("--reps", o.reps, "timed repetitions after one warm-up run (default 3)")->check(CLI::Range(1, 1000));
+    app.add_option("--reps", o.reps, "timed repetitions after the warm-up runs (default 3)")->check(CLI::Range(1, 1000));
+    app.add_option("--warmup", o.warmup, "untimed warm-up runs before the timed ones (default 1)")->check(CLI::Range(0, 100));
     app.add_option("--only", o.only, "run only one module: unet, te or vae")->check(CLI::IsMember({"unet", "te", "vae"}));
     app.add_option("--type", o.type, "UNet matmul weight type: f16 or q8_0 (default f16)")->check(CLI::IsMember({"f16", "q8_0"}));
     app.add_option("--size", o.size, "image side in pixels (default 512; latent side = size / 8)")
@@ -566,11 +576,14 @@ int main_impl(int argc, char** argv) {
                 {"hardware_threads", std::thread::hardware_concurrency()},
                 {"threads", o.threads},
                 {"reps", o.reps},
+                {"warmup", o.warmup},
                 {"flash_attn", o.flash}};
     json results = json::array();
 
     if (!o.demo.empty()) {
         fmt::print("easel-bench demo: {} (ggml {})\n", o.demo, EASEL_GGML_COMMIT);
+        if (!o.device.empty() || !o.only.empty() || o.type != "f16" || o.size != 512)
+            fmt::print(stderr, "easel-bench: --device, --only, --type and --size do not apply to --demo (the pipeline picks the first GPU, else the CPU)\n");
         results.push_back(bench_demo(o));
     } else {
         placement::init_backends();
