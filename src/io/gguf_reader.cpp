@@ -112,6 +112,82 @@ std::vector<uint32_t> tensor_ndims(std::span<const uint8_t> data, int64_t n_kv, 
     return nd;
 }
 
+// Walks the header before ggml does, rejecting what ggml would only catch after loading an
+// out-of-range enum value (undefined behaviour under UBSan) and counts so large that ggml's
+// quadratic duplicate-name checks would stall. Throws Error(InvalidInput).
+constexpr int64_t kMaxGgufTensors = 65536;
+constexpr int64_t kMaxGgufKv = 65536;
+
+void prevalidate(std::span<const uint8_t> data, const std::string& label) {
+    Walker w{data.data(), data.size()};
+    w.skip(4);
+    const uint32_t version = w.get<uint32_t>();
+    const int64_t n_t = w.get<int64_t>(), n_kv = w.get<int64_t>();
+    if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF header truncated", label);
+    if (version != 2 && version != 3)
+        fail(ErrorKind::InvalidInput, "'{}': GGUF version {} is not supported (2 or 3; a byte-swapped file reads as a huge number)", label,
+             version);
+    if (n_t < 0 || n_t > kMaxGgufTensors)
+        fail(ErrorKind::InvalidInput, "'{}': GGUF header claims {} tensors (limit {})", label, n_t, kMaxGgufTensors);
+    if (n_kv < 0 || n_kv > kMaxGgufKv)
+        fail(ErrorKind::InvalidInput, "'{}': GGUF header claims {} metadata keys (limit {})", label, n_kv, kMaxGgufKv);
+    auto string = [&](const char* what, int64_t i) {
+        const uint64_t len = w.get<uint64_t>();
+        if (!w.ok || len > w.n - w.pos)
+            fail(ErrorKind::InvalidInput, "'{}': GGUF {} {} has a length past the end of the file: truncated or corrupt", label, what, i);
+        w.skip(len);
+    };
+    for (int64_t i = 0; i < n_kv; ++i) {
+        string("key", i);
+        int32_t t = w.get<int32_t>();
+        if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF metadata truncated at key {}", label, i);
+        if (t == GGUF_TYPE_ARRAY) {
+            const int32_t et = w.get<int32_t>();
+            const uint64_t cnt = w.get<uint64_t>();
+            if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF metadata truncated at key {}", label, i);
+            if (et < 0 || et >= GGUF_TYPE_COUNT || et == GGUF_TYPE_ARRAY)
+                fail(ErrorKind::InvalidInput, "'{}': GGUF key {} is an array of invalid type {}", label, i, et);
+            if (et == GGUF_TYPE_STRING) {
+                if (cnt > (w.n - w.pos) / 8)
+                    fail(ErrorKind::InvalidInput, "'{}': GGUF key {} claims {} strings, more than the file holds", label, i, cnt);
+                for (uint64_t j = 0; j < cnt; ++j) string("array string of key", i);
+            } else {
+                const uint64_t es = gguf_scalar_size(et);
+                if (cnt > (w.n - w.pos) / es)
+                    fail(ErrorKind::InvalidInput, "'{}': GGUF key {} claims {} values, more than the file holds", label, i, cnt);
+                w.skip(cnt * es);
+            }
+        } else if (t == GGUF_TYPE_STRING) {
+            string("string value of key", i);
+        } else {
+            const uint64_t es = (t >= 0 && t < GGUF_TYPE_COUNT) ? gguf_scalar_size(t) : 0;
+            if (es == 0) fail(ErrorKind::InvalidInput, "'{}': GGUF key {} has invalid type {}", label, i, t);
+            w.skip(es);
+        }
+        if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF metadata truncated at key {}", label, i);
+    }
+    for (int64_t i = 0; i < n_t; ++i) {
+        string("tensor name", i);
+        const uint32_t nd = w.get<uint32_t>();
+        if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF tensor info truncated at tensor {}", label, i);
+        if (nd > GGML_MAX_DIMS) fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has {} dimensions (at most {})", label, i, nd, GGML_MAX_DIMS);
+        unsigned __int128 numel = 1;
+        for (uint32_t d = 0; d < nd; ++d) {
+            const int64_t ne = w.get<int64_t>();
+            if (!w.ok) break;
+            if (ne < 0) fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has a negative dimension {}", label, i, ne);
+            numel *= (uint64_t)ne;
+            if (numel > (unsigned __int128)INT64_MAX)
+                fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has a shape whose element count overflows 64 bits", label, i);
+        }
+        const int32_t t = w.get<int32_t>();
+        w.skip(8);
+        if (!w.ok) fail(ErrorKind::InvalidInput, "'{}': GGUF tensor info truncated at tensor {}", label, i);
+        if (t < 0 || t >= GGML_TYPE_COUNT)
+            fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has invalid ggml type {}", label, i, t);
+    }
+}
+
 MetaValue kv_value(const gguf_context* g, int64_t id) {
     MetaValue v;
     const gguf_type t = gguf_get_kv_type(g, id);
@@ -176,6 +252,7 @@ ParsedFile parse_gguf(std::span<const uint8_t> data, const std::string& label) {
     if (data.size() < 4 || std::memcmp(data.data(), "GGUF", 4) != 0)
         fail(ErrorKind::InvalidInput, "'{}' is not a GGUF file (the first 4 bytes are not 'GGUF')", label);
     if (data.size() < 24) fail(ErrorKind::InvalidInput, "'{}': GGUF header truncated ({} bytes)", label, data.size());
+    prevalidate(data, label);
 
     std::unique_ptr<gguf_context, GgufFree> g;
     LogCapture cap;

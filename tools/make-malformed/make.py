@@ -140,7 +140,7 @@ def gguf_cases():
     write("gguf_offsets_overlap.gguf", gguf([], two, f32(*range(16))))
     dup = [tinfo("w", [4], T_F32, 0), tinfo("w", [4], T_F32, 32)]
     write("gguf_duplicate_tensor.gguf", gguf([], dup, good_d + b"\x00" * 16 + good_d))
-    write("gguf_name_too_long.gguf", gguf([], [tinfo("w" * 100, [4], T_F32, 0)], good_d))
+    write("gguf_name_too_long.gguf", gguf([], [tinfo("w" * 300, [4], T_F32, 0)], good_d))
     write("gguf_truncated_tensor_info.gguf", gguf([], good_t)[:-6])
 
 
