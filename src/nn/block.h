@@ -171,6 +171,14 @@ private:
 std::string check_binding(Block& root, const TensorSource& src, const LoadOptions& opt = {});
 
 /// The type a parameter of `role` is kept in, given its stored type and the options.
+/// Norm/Bias: F32. ConvWeight: F32 if the stored (or --type) type is F32, else F16.
+/// Weight/Embedding: the stored type (F64 -> F32, F8 -> F16), or opt.weight_type; a quantised
+/// type whose block size does not divide the row length falls back to a float type.
 ggml_type choose_param_type(ParamRole role, const io::TensorInfo& stored, const LoadOptions& opt);
+
+/// Bytes the parameters of `root` will occupy once loaded from `src` with `opt` (sum of
+/// ggml_row_size of the chosen types; buffer alignment padding excluded). Parameters absent
+/// from the source count 0. For planning: the placement code calls it per block before loading.
+uint64_t param_bytes(const Block& root, const TensorSource& src, const LoadOptions& opt = {});
 
 }  // namespace easel::nn

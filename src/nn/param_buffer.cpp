@@ -7,12 +7,12 @@
 #include "core/error.h"
 
 #include <ggml-alloc.h>
-#include <ggml-cpu.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_set>
 
 namespace easel::nn {
@@ -234,6 +234,20 @@ ggml_type choose_param_type(ParamRole role, const io::TensorInfo& stored, const 
         }
     }
     return GGML_TYPE_F32;
+}
+
+uint64_t param_bytes(const Block& root, const TensorSource& src, const LoadOptions& opt) {
+    uint64_t total = 0;
+    root.visit_params("", [&](const std::string& name, const Param& p) {
+        const io::TensorInfo* t = src.find(name);
+        if (!t) return;
+        ggml_type type = choose_param_type(p.role, *t, opt);
+        int64_t n = 1;
+        for (auto d : p.shape) n *= d;
+        const int64_t ne0 = p.shape.empty() ? 1 : p.shape.back();
+        total += (uint64_t)ggml_row_size(type, ne0) * (uint64_t)(n / std::max<int64_t>(ne0, 1));
+    });
+    return total;
 }
 
 std::string check_binding(Block& root, const TensorSource& src, const LoadOptions& opt) {

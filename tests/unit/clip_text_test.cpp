@@ -446,6 +446,32 @@ void check_sd_tiny(const io::WeightIndex& idx, const clip::ClipOverrides& ov, co
 
 }  // namespace
 
+TEST(ClipText, ParamBytesPerBlock) {
+    // one sd_tiny layer: q/k/v/out 4 x (64x64 + 64), 2 layer norms 2 x (64 + 64), fc1 128x64 + 128,
+    // fc2 64x128 + 64 -> 32768 matmul weights + 704 bias/norm values
+    auto idx = io::WeightIndex::open(ref_path("sd_tiny/sd_tiny.safetensors"));
+    auto keys = clip::find_clip_text_encoders(idx);
+    auto cfg = clip::infer_config(idx, keys.at(0));
+    clip::ClipTextModel m(cfg);
+    auto src = clip::make_tensor_source(idx, keys[0], cfg);
+    nn::TensorSource layer_src(idx, keys[0].prefix + "encoder.layers.1.");
+    const nn::Block& layer = m.block_params(1);
+    EXPECT_EQ(nn::param_bytes(layer, layer_src), 32768u * 2 + 704u * 4);  // stored F16; norms/biases F32
+    nn::LoadOptions f32;
+    f32.weight_type = GGML_TYPE_F32;
+    EXPECT_EQ(nn::param_bytes(layer, layer_src, f32), (32768u + 704u) * 4);
+    nn::LoadOptions q8;
+    q8.weight_type = GGML_TYPE_Q8_0;  // 34 bytes per 32 values
+    EXPECT_EQ(nn::param_bytes(layer, layer_src, q8), 32768u / 32 * 34 + 704u * 4);
+    // whole model, stored types: embeddings 49408x64 F16, positions 77x64 F32 (kept F32), final norm
+    uint64_t whole = nn::param_bytes(m, src);
+    EXPECT_EQ(whole, 49408u * 64 * 2 + 77u * 64 * 4 + 2 * (32768u * 2 + 704u * 4) + 128u * 4);
+    runtime::GraphRunner run(nullptr, 1);
+    auto pb = nn::ParamBuffer::load(m, src, run.buffer_type(), clip::default_load_options(keys[0], cfg, idx));
+    EXPECT_GE(pb.size(), whole);
+    EXPECT_LT(pb.size(), whole + 64 * 64);  // alignment padding only
+}
+
 TEST(ClipText, SdTinySingleFileParity) {
     // original (ldm) layout: cond_stage_model.transformer.text_model.*, no config: defaults apply
     auto idx = io::WeightIndex::open(ref_path("sd_tiny/sd_tiny.safetensors"));
