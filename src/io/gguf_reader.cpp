@@ -176,7 +176,7 @@ void prevalidate(std::span<const uint8_t> data, const std::string& label) {
             const int64_t ne = w.get<int64_t>();
             if (!w.ok) break;
             if (ne < 0) fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has a negative dimension {}", label, i, ne);
-            numel *= (uint64_t)ne;
+            if (ne > 0) numel *= (uint64_t)ne;  // zero sizes skipped: ggml multiplies the others too
             if (numel > (unsigned __int128)INT64_MAX)
                 fail(ErrorKind::InvalidInput, "'{}': GGUF tensor {} has a shape whose element count overflows 64 bits", label, i);
         }

@@ -131,19 +131,20 @@ ParsedFile parse_safetensors(std::span<const uint8_t> data, const std::string& l
         t.name = name;
         t.dtype = *d;
         t.gtype = dtype_ggml_type(*d);
-        uint64_t numel = 1;
+        uint64_t numel = 1, nz_numel = 1;  // nz_numel: product of the non-zero sizes
         bool overflow = false;
         for (const auto& s : *sh) {
             if (!s.is_number_unsigned())
                 fail(ErrorKind::InvalidInput, "'{}': tensor '{}' has a shape entry that is not a non-negative integer", label, pn);
             uint64_t x = s.get<uint64_t>();
             if (x > (uint64_t)INT64_MAX) overflow = true;
-            else if (x != 0 && numel > UINT64_MAX / x) overflow = true;
-            else numel *= x;
+            else if (x != 0 && nz_numel > UINT64_MAX / x) overflow = true;
+            else if (x != 0) nz_numel *= x;
+            numel = (x == 0 || numel == 0) ? 0 : nz_numel;
             t.shape.push_back((int64_t)std::min<uint64_t>(x, (uint64_t)INT64_MAX));
         }
         const uint64_t es = dtype_size(*d);
-        if (overflow || numel > (uint64_t)INT64_MAX / es)
+        if (overflow || nz_numel > (uint64_t)INT64_MAX / es)
             fail(ErrorKind::InvalidInput, "'{}': tensor '{}' has a shape whose size overflows 64 bits", label, pn);
         if (!off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
             fail(ErrorKind::InvalidInput, "'{}': tensor '{}' data_offsets must be [begin, end] non-negative integers", label, pn);

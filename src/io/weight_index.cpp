@@ -23,6 +23,10 @@ namespace easel::io {
 using detail::ParsedFile;
 
 int64_t TensorInfo::numel() const {
+    // Readers guarantee the product of the non-zero sizes fits in int64; a zero size anywhere
+    // makes the tensor empty (checked first so no partial product can overflow).
+    for (int64_t d : shape)
+        if (d == 0) return 0;
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     return n;
