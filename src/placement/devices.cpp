@@ -125,7 +125,19 @@ std::vector<DeviceInfo> list_devices() {
         info.description = ggml_backend_dev_description(d);
         info.type = type_name(ggml_backend_dev_type(d));
         size_t free = 0, total = 0;
-        ggml_backend_dev_memory(d, &free, &total);
+        // ggml's RPC client aborts the process when its server has gone away: check first.
+        bool reachable = true;
+        if (info.name.rfind("RPC", 0) == 0) {
+            const std::string& ep = info.description;
+            size_t colon = ep.rfind(':');
+            if (colon != std::string::npos) {
+                std::string host = ep.substr(0, colon);
+                if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+                reachable = tcp_reachable(host, ep.substr(colon + 1));
+            }
+        }
+        if (reachable) ggml_backend_dev_memory(d, &free, &total);
+        else info.description += " (unreachable)";
         info.free_bytes = free;
         info.total_bytes = total;
         out.push_back(std::move(info));

@@ -327,8 +327,11 @@ TEST(TaesdAutoencoderTiny, Taef2OnGpuMatchesCpu) {
         const float e_lat = max_abs_diff(lg, lc);
         const float e_img = max_abs_diff(mg->decode(lc), mc->decode(lc));
         std::printf("[%s taef2] vs CPU: latents %.3g image %.3g\n", ggml_backend_dev_name(dev), e_lat, e_img);
-        EXPECT_LT(e_lat, 1e-3f);
-        EXPECT_LT(e_img, 1e-3f);
+        // GPU matmuls run with F16 operands in ggml's CUDA backend (see the AutoencoderKL GPU
+        // test): about 1e-3 per layer, compounding over TAEF2's depth. The CPU/GPU gap of a
+        // wrong layer is of order 1.
+        EXPECT_LT(e_lat, 2e-2f);
+        EXPECT_LT(e_img, 2e-2f);
     }
     ggml_backend_free(gpu);
 }

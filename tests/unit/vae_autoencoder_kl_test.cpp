@@ -463,9 +463,13 @@ TEST(VaeAutoencoderKL, GpuAndFlashAttentionMatchDiffusers) {
         const float e_tiled = max_abs_diff(m->decode(read4(idx, "__input__.latent"), t), mc->decode(read4(idx, "__input__.latent"), t));
         std::printf("[%s] max abs error: latent_mean %.3g decoded_latent %.3g; tiled decode vs CPU %.3g\n",
                     ggml_backend_dev_name(dev), e_mean, e_dec, e_tiled);
-        EXPECT_LT(e_mean, 1e-4f);
-        EXPECT_LT(e_dec, 1e-4f);
-        EXPECT_LT(e_tiled, 1e-4f);
+        // ggml's CUDA backend runs batched/non-contiguous F32 matmuls through cuBLAS with the
+        // operands converted to F16 (ggml_cuda_mul_mat_batched_cublas), so a GPU run is exact
+        // only to about 1e-3 on outputs of order 1 (measured on an H200: latent_mean 7.9e-4,
+        // decoded_latent 1.9e-3). A wrong layer or weight moves outputs by 1e-1 or more.
+        EXPECT_LT(e_mean, 5e-3f);
+        EXPECT_LT(e_dec, 5e-3f);
+        EXPECT_LT(e_tiled, 5e-3f);
     }
     ggml_backend_free(gpu);
 }
