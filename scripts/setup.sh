@@ -7,15 +7,20 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
-PACKAGES=(build-essential cmake git npm pkg-config
+# Libraries: checked with dpkg. Tools: checked by command, since they may come from elsewhere
+# (a Node.js install brings its own npm, which conflicts with Debian's npm package).
+PACKAGES=(build-essential pkg-config
   libstb-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
-  libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3)
+  libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev)
+declare -A TOOLS=([cmake]=cmake [git]=git [npm]=npm [python3]=python3)
 
 if [ "${EASEL_SKIP_APT:-0}" != "1" ]; then
   missing=()
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  for t in "${!TOOLS[@]}"; do
+    command -v "$t" >/dev/null 2>&1 || missing+=("${TOOLS[$t]}")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
