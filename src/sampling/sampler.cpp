@@ -43,7 +43,7 @@ SamplerKind parse_sampler(std::string_view name) {
     if (s == "dpm++2mv2" || s == "ipndm" || s == "ipndm_v" || s == "tcd" || s == "res_multistep" || s == "res_2s" ||
         s == "er_sde" || s == "dpm++2m_sde" || s == "euler_a_cfg_pp")
         fail(ErrorKind::Unsupported,
-             "sampling method '{}' is not implemented yet: use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm "
+             "sampling method '{}' (an sd-cli name) is not available in easel: use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm "
              "or ddim_trailing",
              name);
     fail(ErrorKind::InvalidInput,

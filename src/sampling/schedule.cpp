@@ -175,7 +175,7 @@ SchedulerKind parse_scheduler(std::string_view name) {
     if (s == "lcm") return SchedulerKind::Lcm;
     if (s == "ays" || s == "gits" || s == "smoothstep" || s == "kl_optimal" || s == "bong_tangent")
         fail(ErrorKind::Unsupported,
-             "scheduler '{}' is not implemented yet: use discrete, karras, exponential, sgm_uniform, simple or lcm", name);
+             "scheduler '{}' (an sd-cli name) is not available in easel: use discrete, karras, exponential, sgm_uniform, simple or lcm", name);
     fail(ErrorKind::InvalidInput,
          "unknown scheduler '{}': use discrete, karras, exponential, sgm_uniform, simple or lcm", name);
 }

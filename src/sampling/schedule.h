@@ -86,7 +86,7 @@ double flux_mu(double image_seq_len, double base_seq_len = 256, double max_seq_l
 enum class SchedulerKind { Discrete, Karras, Exponential, SgmUniform, Simple, Lcm };
 
 /// Parses a --scheduler name (discrete, karras, exponential, sgm_uniform, simple, lcm; "default"
-/// gives Discrete). Known sd-cli names not implemented (ays, gits, smoothstep, kl_optimal,
+/// gives Discrete). Known sd-cli names not available in easel (ays, gits, smoothstep, kl_optimal,
 /// bong_tangent) raise Error(Unsupported); others Error(InvalidInput).
 SchedulerKind parse_scheduler(std::string_view name);
 const char* scheduler_name(SchedulerKind kind);
