@@ -192,7 +192,17 @@ ggml_tensor* attention(Ctx& c, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, i
         // an unsupported node is left unused (not part of the graph); the plain path follows
         if (!c.backend || ggml_backend_supports_op(c.backend, o)) return ggml_reshape_3d(ctx, o, D * n_heads_q, Lq, N);
     }
-    ggml_tensor* kq = ggml_mul_mat(ctx, kh, qh);                      // {Lk, Lq, H, N}
+    // Contiguous operands let ggml's CPU backend use its blocked GEMM (tinyBLAS) instead of one
+    // dot product per output; a head size that is not a multiple of 8 is padded with zeros
+    // (which add nothing to q.k) so that the GEMM applies to small heads too.
+    ggml_tensor* qc = ggml_cont(ctx, qh);  // {D, Lq, H, N}
+    ggml_tensor* kc = ggml_cont(ctx, kh);  // {D, Lk, Hkv, N}
+    if (D % 8 != 0) {
+        const int pad = (int)(8 - D % 8);
+        qc = ggml_pad(ctx, qc, pad, 0, 0, 0);
+        kc = ggml_pad(ctx, kc, pad, 0, 0, 0);
+    }
+    ggml_tensor* kq = ggml_mul_mat(ctx, kc, qc);                      // {Lk, Lq, H, N}
     kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
     ggml_tensor* vt = ggml_cont(ctx, ggml_permute(ctx, vh, 1, 0, 2, 3));  // {Lk, D, Hkv, N}
     ggml_tensor* o = ggml_mul_mat(ctx, vt, kq);                       // {D, Lq, H, N}
