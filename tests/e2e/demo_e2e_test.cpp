@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +26,7 @@ class DemoE2E : public ::testing::TestWithParam<int> {};
 TEST_P(DemoE2E, MatchesDiffusersWithin2Of255) {
     std::ifstream f(kRef / "cases.json");
     auto c = nlohmann::json::parse(f)["cases"][GetParam()];
-    const fs::path out = fs::path(testing::TempDir()) / ("easel_demo_" + c["name"].get<std::string>() + ".png");
+    const fs::path out = fs::path(testing::TempDir()) / ("easel_demo_" + c["name"].get<std::string>() + "_" + std::to_string(getpid()) + ".png");
     fs::remove(out);
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 --type f32 -m '" + kModel.string() + "' -p '" +
                       c["prompt"].get<std::string>() + "' -W " + std::to_string(c["width"].get<int>()) + " -H " +

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -46,7 +48,9 @@ std::vector<Case> all_cases() {
 
 TEST_P(SdTinyE2E, MatchesDiffusersWithin2Of255) {
     const auto& c = GetParam().j;
-    const fs::path out = fs::path(testing::TempDir()) / ("easel_e2e_" + c["name"].get<std::string>() + ".png");
+    // one file per case and form: ctest runs the tests in parallel processes
+    const fs::path out = fs::path(testing::TempDir()) /
+                         ("easel_e2e_" + c["name"].get<std::string>() + (GetParam().model == "diffusers" ? "_folder" : "_single") + "_" + std::to_string(getpid()) + ".png");
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 -m " + quote((kDir / GetParam().model).string()) +
                       " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) +
                       " -W " + std::to_string(c["width"].get<int>()) + " -H " + std::to_string(c["height"].get<int>()) +

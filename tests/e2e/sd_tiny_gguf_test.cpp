@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -59,10 +61,11 @@ int max_abs_diff(const easel::pipeline::Image& a, const easel::pipeline::Image& 
     return m;
 }
 
-easel::pipeline::Image run_case0(const fs::path& model, const std::string& extra) {
+easel::pipeline::Image run_case0(const fs::path& model, const std::string& extra, const std::string& tag) {
     std::ifstream f(kDir / "cases.json");
     auto c = nlohmann::json::parse(f)["cases"][0];
-    const fs::path out = fs::path(testing::TempDir()) / "easel_gguf_case0.png";
+    // unique per test and process: ctest runs tests in parallel processes
+    const fs::path out = fs::path(testing::TempDir()) / ("easel_gguf_case0_" + tag + "_" + std::to_string(getpid()) + ".png");
     fs::remove(out);
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 -m '" + model.string() + "' -p '" + c["prompt"].get<std::string>() +
                       "' -W 64 -H 64 --steps " + std::to_string(c["steps"].get<int>()) + " --cfg-scale " + c["cfg_scale"].dump() +
@@ -77,9 +80,9 @@ TEST(SdTinyGguf, F16GgufWithLongNamesMatchesDiffusers) {
     size_t longest = 0;
     for (auto& t : idx.tensors()) longest = std::max(longest, t.name.size());
     ASSERT_GT(longest, 63u) << "the test needs names past ggml's default limit";
-    const fs::path g = fs::path(testing::TempDir()) / "sd_tiny_f16.gguf";
+    const fs::path g = fs::path(testing::TempDir()) / ("sd_tiny_f16_" + std::to_string(getpid()) + ".gguf");
     write_gguf(idx, g, false);
-    auto got = run_case0(g, "--type f32");
+    auto got = run_case0(g, "--type f32", "f16");
     auto want = easel::pipeline::load_image(kDir / "case_euler_discrete_a_s0.png", 3);
     double mean = 0;
     EXPECT_LE(max_abs_diff(got, want, &mean), 2);
@@ -88,13 +91,13 @@ TEST(SdTinyGguf, F16GgufWithLongNamesMatchesDiffusers) {
 
 TEST(SdTinyGguf, Q8UnetGgufStaysClose) {
     auto idx = easel::io::WeightIndex::open(kDir / "sd_tiny.safetensors");
-    const fs::path g = fs::path(testing::TempDir()) / "sd_tiny_q8.gguf";
+    const fs::path g = fs::path(testing::TempDir()) / ("sd_tiny_q8_" + std::to_string(getpid()) + ".gguf");
     write_gguf(idx, g, true);
     auto gi = easel::io::WeightIndex::open(g);
     int q8 = 0;
     for (auto& t : gi.tensors()) q8 += t.gtype == GGML_TYPE_Q8_0;
     ASSERT_GT(q8, 10) << "no UNet weight was stored as Q8_0";
-    auto got = run_case0(g, "");
+    auto got = run_case0(g, "", "q8");
     auto want = easel::pipeline::load_image(kDir / "case_euler_discrete_a_s0.png", 3);
     double mean = 0;
     int mx = max_abs_diff(got, want, &mean);
