@@ -37,7 +37,7 @@ int round_size(int v, int f, const char* what) {
 
 ggml_backend_dev_t pick_device() {
     placement::init_backends();
-    if (auto* d = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU)) return d;
+    if (auto* d = placement::first_local_gpu()) return d;
     return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
 }
 

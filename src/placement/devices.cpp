@@ -145,6 +145,18 @@ std::vector<DeviceInfo> list_devices() {
     return out;
 }
 
+ggml_backend_dev_t first_local_gpu() {
+    init_backends();
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        auto t = ggml_backend_dev_type(d);
+        if ((t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) &&
+            std::string(ggml_backend_dev_name(d)).rfind("RPC", 0) != 0)
+            return d;
+    }
+    return nullptr;
+}
+
 ggml_backend_dev_t find_device(const std::string& name) {
     auto devs = list_devices();
     const std::string want = lower(name);

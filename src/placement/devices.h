@@ -33,6 +33,10 @@ void add_rpc_servers(const std::string& list);
 /// Every ggml device, in registry order.
 std::vector<DeviceInfo> list_devices();
 
+/// The first GPU of this machine (type GPU or integrated GPU, not an RPC device), or nullptr.
+/// RPC devices also report type GPU; jobs go to them only when asked for by name.
+ggml_backend_dev_t first_local_gpu();
+
 /// Finds a device by exact name (case-insensitive) or unique case-insensitive prefix.
 /// Throws Error(InvalidInput) naming the known devices if none or several match.
 ggml_backend_dev_t find_device(const std::string& name);

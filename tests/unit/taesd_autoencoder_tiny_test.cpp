@@ -7,6 +7,8 @@
 
 #include <ggml-backend.h>
 #include <ggml-cpu.h>
+#include "placement/devices.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -312,7 +314,7 @@ TEST(TaesdAutoencoderTiny, F32EncoderLayout) {
 
 // TAEF2 on the first GPU device when there is one: same round trip as on the CPU.
 TEST(TaesdAutoencoderTiny, Taef2OnGpuMatchesCpu) {
-    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    ggml_backend_dev_t dev = placement::first_local_gpu();
     if (!dev) GTEST_SKIP() << "no GPU device in this build";
     auto ie = io::WeightIndex::open(ref("autoencoder_tiny_taef2_encoder.safetensors"));
     auto id = io::WeightIndex::open(ref("autoencoder_tiny_taef2_decoder.safetensors"));

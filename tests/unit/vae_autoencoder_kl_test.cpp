@@ -8,6 +8,8 @@
 
 #include <ggml-backend.h>
 #include <ggml-cpu.h>
+#include "placement/devices.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -446,7 +448,7 @@ TEST(VaeAutoencoderKL, GpuAndFlashAttentionMatchDiffusers) {
         std::printf("[cpu flash attention] decoded_latent max abs error %.3g\n", e);
         EXPECT_LT(e, 1e-4f);
     }
-    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU);
+    ggml_backend_dev_t dev = placement::first_local_gpu();
     if (!dev) GTEST_SKIP() << "no GPU device in this build";
     ggml_backend_t gpu = ggml_backend_dev_init(dev, nullptr);
     ASSERT_NE(gpu, nullptr);
