@@ -1,6 +1,8 @@
 // Family detection (see detect.h and docs/formats.md for the rules).
 #include "io/detect.h"
 
+#include "core/strings.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -82,11 +84,6 @@ std::string meta_str(const std::map<std::string, MetaValue>& meta, const std::st
     return it->second.kind == MetaValue::Kind::String ? it->second.s : "";
 }
 
-std::string lower(std::string s) {
-    for (auto& c : s) c = (char)std::tolower((unsigned char)c);
-    return s;
-}
-
 // --- UNet (SD1.x / SD2.x / SDXL) -------------------------------------------------------------
 bool classify_unet(const View& v, const std::map<std::string, MetaValue>& meta, const nlohmann::json* cfg, Verdict& r) {
     const bool ldm = v.has("input_blocks.0.0.weight");
@@ -120,9 +117,9 @@ bool classify_unet(const View& v, const std::map<std::string, MetaValue>& meta, 
     if (in_ch == 9) r.variant = r.variant.empty() ? "inpaint" : r.variant + ", inpaint";
     else if (in_ch == 8) r.variant = r.variant.empty() ? "instruct-pix2pix (8 in-channels)" : r.variant + ", 8 in-channels";
     if (r.family == "SD2.x") {
-        std::string pred = lower(meta_str(meta, "modelspec.prediction_type") + meta_str(meta, "prediction_type"));
+        std::string pred = ascii_lower(meta_str(meta, "modelspec.prediction_type") + meta_str(meta, "prediction_type"));
         if (cfg && cfg->is_object() && cfg->contains("prediction_type") && (*cfg)["prediction_type"].is_string())
-            pred = lower((*cfg)["prediction_type"].get<std::string>());
+            pred = ascii_lower((*cfg)["prediction_type"].get<std::string>());
         if (v.has("v_pred")) pred = "v";
         std::string p;
         if (contains(pred, "v")) p = "v-prediction";

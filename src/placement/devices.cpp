@@ -1,6 +1,7 @@
 #include "placement/devices.h"
 
 #include "core/error.h"
+#include "core/strings.h"
 
 #ifdef EASEL_HAS_RPC
 #include <ggml-rpc.h>
@@ -23,10 +24,6 @@ namespace easel::placement {
 
 namespace {
 
-std::string lower(std::string s) {
-    for (auto& ch : s) ch = (char)std::tolower((unsigned char)ch);
-    return s;
-}
 
 const char* type_name(enum ggml_backend_dev_type t) {
     switch (t) {
@@ -159,12 +156,12 @@ ggml_backend_dev_t first_local_gpu() {
 
 ggml_backend_dev_t find_device(const std::string& name) {
     auto devs = list_devices();
-    const std::string want = lower(name);
+    const std::string want = ascii_lower(name);
     for (auto& d : devs)
-        if (lower(d.name) == want) return d.dev;
+        if (ascii_lower(d.name) == want) return d.dev;
     std::vector<const DeviceInfo*> hits;
     for (auto& d : devs)
-        if (lower(d.name).rfind(want, 0) == 0) hits.push_back(&d);
+        if (ascii_lower(d.name).rfind(want, 0) == 0) hits.push_back(&d);
     if (hits.size() == 1) return hits[0]->dev;
     std::string known;
     for (auto& d : devs) known += (known.empty() ? "" : ", ") + d.name;

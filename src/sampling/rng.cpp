@@ -17,11 +17,12 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include "core/strings.h"
+
 namespace easel::sampling {
 
 RngKind parse_rng_kind(std::string_view name) {
-    std::string s(name);
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string s = ascii_lower(name);
     if (s == "cpu") return RngKind::Cpu;
     if (s == "cuda") return RngKind::Cuda;
     if (s == "std_default") return RngKind::StdDefault;

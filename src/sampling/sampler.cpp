@@ -5,18 +5,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include "core/strings.h"
+
 #include <cmath>
 #include <limits>
 
 namespace easel::sampling {
 
 namespace {
-
-std::string lower(std::string_view s) {
-    std::string r(s);
-    for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return r;
-}
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -31,7 +27,7 @@ std::pair<double, double> ancestral_step(double s, double sn, double eta) {
 }  // namespace
 
 SamplerKind parse_sampler(std::string_view name) {
-    const std::string s = lower(name);
+    const std::string s = ascii_lower(name);
     if (s == "euler") return SamplerKind::Euler;
     if (s == "euler_a") return SamplerKind::EulerA;
     if (s == "heun") return SamplerKind::Heun;

@@ -5,17 +5,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include "core/strings.h"
+
 #include <cmath>
 
 namespace easel::sampling {
 
 namespace {
-
-std::string lower(std::string_view s) {
-    std::string r(s);
-    for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return r;
-}
 
 // numpy.linspace(a, b, n) in float64 (y = i*step + a; the last value is b exactly).
 std::vector<double> np_linspace(double a, double b, int n) {
@@ -48,7 +44,7 @@ void check_steps(int steps) {
 }  // namespace
 
 Prediction parse_prediction(std::string_view name) {
-    const std::string s = lower(name);
+    const std::string s = ascii_lower(name);
     if (s == "eps" || s == "epsilon") return Prediction::Eps;
     if (s == "v" || s == "v_prediction") return Prediction::V;
     if (s == "flow") return Prediction::Flow;
@@ -166,7 +162,7 @@ double flux_mu(double image_seq_len, double base_seq_len, double max_seq_len, do
 // ---------------------------------------------------------------------------------------
 
 SchedulerKind parse_scheduler(std::string_view name) {
-    const std::string s = lower(name);
+    const std::string s = ascii_lower(name);
     if (s == "discrete" || s == "default") return SchedulerKind::Discrete;
     if (s == "karras") return SchedulerKind::Karras;
     if (s == "exponential") return SchedulerKind::Exponential;
@@ -193,7 +189,7 @@ const char* scheduler_name(SchedulerKind kind) {
 }
 
 Spacing parse_spacing(std::string_view name) {
-    const std::string s = lower(name);
+    const std::string s = ascii_lower(name);
     if (s == "linspace") return Spacing::Linspace;
     if (s == "leading") return Spacing::Leading;
     if (s == "trailing") return Spacing::Trailing;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "io/diffusers.h"
 #include "text/prompt_syntax.h"
 
@@ -33,18 +34,15 @@ std::optional<nlohmann::json> read_json(const fs::path& p) {
     }
 }
 
+/// --type NAME -> ggml type: any float type, or a quantised type ggml can quantise to.
 ggml_type parse_weight_type(const std::string& name) {
     if (name.empty()) return GGML_TYPE_COUNT;
-    std::string want;
-    for (char ch : name) want += (char)std::tolower((unsigned char)ch);
+    const std::string want = ascii_lower(name);
     for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
         const char* tn = ggml_type_name((ggml_type)t);
-        if (!tn) continue;
-        std::string s(tn);
-        for (auto& ch : s) ch = (char)std::tolower((unsigned char)ch);
-        if (s == want && ggml_get_type_traits((ggml_type)t)->blck_size > 0 && !ggml_get_type_traits((ggml_type)t)->is_quantized)
-            return (ggml_type)t;
-        if (s == want && ggml_get_type_traits((ggml_type)t)->from_float_ref) return (ggml_type)t;
+        const auto* tr = ggml_get_type_traits((ggml_type)t);
+        if (!tn || tr->blck_size == 0 || ascii_lower(tn) != want) continue;
+        if (!tr->is_quantized || tr->from_float_ref) return (ggml_type)t;
     }
     fail(ErrorKind::InvalidInput, "--type {}: unknown weight type (use f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K, q3_K, q4_K, q5_K, q6_K)", name);
 }
