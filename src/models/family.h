@@ -1,0 +1,166 @@
+// Family: what the pipeline knows about a model family (SD1.x/2.x, Z-Image, FLUX.1, FLUX.2 ...).
+//
+// design.md: "Model families are objects, not if (version == ...) chains." The pipeline (and its
+// stages: encode prompt, encode image, denoise, decode) talks to a model only through this
+// interface; it never switches on the family. A family
+//   * finds its modules in the user's files (-m, --diffusion-model, --vae, --taesd, --clip_l,
+//     --t5xxl, --llm ...), infers their configuration from the weights,
+//   * loads a module only when asked (load(Module)) and frees it when told (unload(Module)), so
+//     a stage loads only what it needs and a cache hit never opens the text encoder file,
+//   * turns a prompt into a Conditioning (the one format every family fills; docs/artifacts.md),
+//   * runs its diffusion model on a latent, and its VAE (or tiny autoencoder) on images,
+//   * states its latent format, noise process and default sampling settings.
+//
+// Layouts: tensors on the host are PyTorch order, row-major, innermost (fastest) last in the
+// shape comments: a latent [C, h, w] has w fastest; a context [L, D] has D fastest.
+#pragma once
+
+#include "models/vae/autoencoder_kl.h"
+#include "models/vae/host_tensor.h"
+#include "sampling/schedule.h"
+
+#include <ggml-backend.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace easel::models {
+
+/// The modules of a family, by sd.cpp's names (te = every text encoder of the family).
+enum class Module { Te, Diffusion, VaeDecoder, VaeEncoder };
+const char* module_name(Module m);  ///< "te", "diffusion", "vae" (decoder), "vae encoder"
+
+/// Conditioning for ONE prompt (positive or negative), in the one format all families share.
+/// Fields a family does not use stay empty. See docs/artifacts.md for how it is stored.
+struct Conditioning {
+    /// Cross-attention / joint-attention context [L, D], D fastest.
+    ///  SD1.x/2.x: CLIP hidden states after clip skip, emphasis applied, L = 77*k windows.
+    ///  FLUX.1: T5-XXL last_hidden_state (L = 256 or 512, D = 4096).
+    ///  Z-Image: Qwen3 hidden_states[-2] of the unmasked tokens only (L = real tokens, D = 2560).
+    ///  FLUX.2 Klein: Qwen3 hidden_states 9, 18, 27 concatenated along D (D = 3 * hidden).
+    std::vector<float> context;
+    int64_t tokens = 0;  ///< L
+    int64_t dim = 0;     ///< D
+    /// Pooled vector [P] (FLUX.1: CLIP-L pooler_output, P = 768). Empty when unused.
+    std::vector<float> pooled;
+    /// Attention mask over the context tokens [L]: 1 = attend, 0 = padding. Empty = all 1.
+    std::vector<uint8_t> mask;
+    /// The token ids the encoder saw, concatenated over windows [T] (informational, for
+    /// checks and caching), and per-token emphasis weights [T] (A1111 / T5-style weighting;
+    /// empty = all 1).
+    std::vector<int32_t> token_ids;
+    std::vector<float> token_weights;
+
+    bool empty() const { return context.empty() && pooled.empty(); }
+};
+
+/// How latents relate to images: pixels per latent cell, channels, and the VAE's normalisation
+/// (diffusion space z = (vae_latent - shift_factor) * scaling_factor).
+struct LatentFormat {
+    int64_t channels = 4;        ///< latent channels the diffusion model denoises (SD: 4, FLUX/Z-Image: 16)
+    int spatial_factor = 8;      ///< image pixels per latent cell along each axis
+    float scaling_factor = 0.18215f;
+    float shift_factor = 0.0f;
+};
+
+/// Sampling settings a family defaults to when the user gives none (sd-cli names).
+struct SamplingDefaults {
+    std::string sampler = "euler_a";
+    std::string scheduler = "discrete";
+    int steps = 20;
+    float cfg_scale = 7.0f;
+    int clip_skip = 1;  ///< SD only; 0 = not applicable
+    int width = 512, height = 512;
+};
+
+/// Every file a job may name (sd-cli flags). Empty = absent.
+struct ModelFiles {
+    std::string model;            ///< -m: single file / GGUF / diffusers folder
+    std::string diffusion_model;  ///< --diffusion-model
+    std::string vae;              ///< --vae
+    std::string taesd;            ///< --taesd
+    std::string clip_l;           ///< --clip_l
+    std::string clip_g;           ///< --clip_g
+    std::string t5xxl;            ///< --t5xxl
+    std::string llm;              ///< --llm (Qwen3 etc.)
+};
+
+/// Load-time options shared by all families.
+struct FamilyOptions {
+    ggml_backend_dev_t te_device = nullptr;         ///< nullptr: CPU
+    ggml_backend_dev_t diffusion_device = nullptr;  ///< nullptr: CPU
+    ggml_backend_dev_t vae_device = nullptr;        ///< nullptr: CPU
+    int threads = 0;                                ///< CPU threads (<= 0: all)
+    bool flash_attn_te = false;                     ///< --fa
+    bool flash_attn_diffusion = false;              ///< --fa or --diffusion-fa
+    std::string weight_type;                        ///< --type ("" keeps the stored types)
+    std::string prediction;                         ///< --prediction override ("" = detect)
+    float flow_shift = 0.0f;                        ///< --flow-shift (0 = the family's default)
+};
+
+/// A model family bound to the user's files. Modules load lazily (see load()).
+class Family {
+public:
+    virtual ~Family() = default;
+
+    /// "SD1.x", "SD2.x inpainting", "Z-Image", ...
+    virtual std::string name() const = 0;
+    /// Short description of the weight sources, for logs.
+    virtual std::string describe() const = 0;
+    virtual LatentFormat latent_format() const = 0;
+    /// The noise process (discrete eps/v, or flow with its shift).
+    virtual const sampling::ModelSampling& model_sampling() const = 0;
+    virtual SamplingDefaults defaults() const = 0;
+    /// Channels the diffusion model takes: latent channels plus concat channels (SD
+    /// in-painting UNets: 4 + 1 mask + 4 masked-image latent = 9).
+    virtual int64_t diffusion_in_channels() const { return latent_format().channels; }
+    /// Paths of the files module m reads (for fingerprints and cache keys); may be empty
+    /// when a module is absent.
+    virtual std::vector<std::string> module_files(Module m) const = 0;
+
+    /// Loads module m if not loaded (reads and uploads its weights). Throws Error(Io) for an
+    /// unreadable file, Error(ModelMismatch) for a file of the wrong kind (naming the slot and
+    /// the fix), Error(OutOfMemory) when its weights do not fit.
+    virtual void load(Module m) = 0;
+    /// Frees module m's weights and compute buffers (no-op when not loaded).
+    virtual void unload(Module m) = 0;
+    virtual bool loaded(Module m) const = 0;
+
+    /// Prompt -> conditioning (loads Te when needed). `clip_skip` <= 0 = the family's default.
+    /// The prompt has had its <lora:...> tags removed.
+    virtual Conditioning encode_prompt(const std::string& prompt, int clip_skip) = 0;
+
+    /// One diffusion-model evaluation (loads Diffusion when needed).
+    ///  x: latent [C, h, w] (C = latent_format().channels) at noise level sigma, already scaled
+    ///     by the Denoiser's c_in (discrete models) or as is (flow models);
+    ///  concat: extra input channels [Cc, h, w] appended to x (in-painting UNets), or empty;
+    ///  timestep: the schedule's network timestep for this sigma (sampling::Schedule::timesteps;
+    ///     flow models: sigma * 1000; the family converts to its own convention);
+    ///  out: [C, h, w] the prediction in the family's Prediction convention (eps, v, or flow
+    ///     velocity noise - x0, whatever sign the model itself uses).
+    /// Throws Error(InvalidInput) on size mismatches.
+    virtual void diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w,
+                           double timestep, const Conditioning& cond, std::span<float> out) = 0;
+
+    /// Diffusion-space latent [1, C, h, w] -> image [1, 3, h*f, w*f] in about [-1, 1]
+    /// (undoes scaling/shift; loads VaeDecoder when needed).
+    virtual vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) = 0;
+    /// Image [1, 3, H, W] in [-1, 1] -> posterior in the raw VAE space (before scaling/shift;
+    /// loads VaeEncoder when needed). Throws Error(Unsupported) when the family has no encoder.
+    virtual vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) = 0;
+
+    /// Parameter bytes of module m when loaded (0 when not loaded) and the largest compute
+    /// buffer measured for it so far, in bytes.
+    virtual size_t param_bytes(Module m) const = 0;
+    virtual size_t compute_bytes(Module m) const = 0;
+};
+
+/// Detects the family from the files (headers only: no weights are read) and returns it with no
+/// module loaded. Throws Error(ModelMismatch) when the files hold no supported diffusion model,
+/// naming what was found; Error(Io) for unreadable files.
+std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions& opt);
+
+}  // namespace easel::models
