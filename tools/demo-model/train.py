@@ -211,6 +211,68 @@ def load_vae(vae_dir, dev):
     return vae.to(dev).eval()
 
 
+def build_pool(vae, ids_of, dev, n, budget_s, chunk=512):
+    """Draw up to n training images (shapes.batch, fixed seeds), encode them once with the frozen VAE
+    (bf16 autocast, channels_last, batches of `chunk`) and keep 0.18215 * the posterior mean and std
+    (float32, [n, 4, 32, 32], on the GPU) and the caption token ids ([n, 77]). Stops early when
+    budget_s seconds have passed. Training then samples batches from this pool, drawing a fresh
+    posterior sample each time, instead of rendering and encoding 256x256 images every step."""
+    t0 = time.time()
+    cg = torch.Generator().manual_seed(3)
+    dg = torch.Generator(device=dev).manual_seed(4)
+    vae.to(memory_format=torch.channels_last)
+    means, stds, ids = [], [], []
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        while len(means) * chunk < n:
+            x, caps, _ = shapes.batch(chunk, 256, dev, cg, dg)
+            post = vae.encode(x.contiguous(memory_format=torch.channels_last)).latent_dist
+            means.append((post.mean.float() * SCALE).contiguous())
+            stds.append((post.std.float() * SCALE).contiguous())
+            ids.append(ids_of(caps, dev))
+            if len(means) in (1, 4):
+                torch.cuda.synchronize()
+                log(f"pool: {len(means) * chunk} encoded in {time.time() - t0:.1f}s")
+            if time.time() - t0 > budget_s:
+                break
+    vae.to(memory_format=torch.contiguous_format)
+    pool = {"mean": torch.cat(means), "std": torch.cat(stds), "ids": torch.cat(ids)}
+    torch.cuda.synchronize()
+    pool["n"] = pool["mean"].shape[0]
+    pool["seconds"] = time.time() - t0
+    log(f"pool: {pool['n']} latents in {pool['seconds']:.1f}s ({len(ids_of.cache)} distinct captions); "
+        f"std of 0.18215*mean {pool['mean'].std().item():.3f}, mean posterior std {pool['std'].mean().item():.4f}")
+    return pool
+
+
+def pick_memory_format(unet, te, pool, B, dev):
+    """Times UNet + text-encoder forward/backward (bf16 autocast, no optimizer step, gradients
+    discarded) in the default and the channels_last memory format; returns "yes" if channels_last
+    is faster by more than 5 %."""
+    ids = pool["ids"][:B]
+    z = pool["mean"][:B]
+    t = torch.full((B,), 500, device=dev)
+    res = {}
+    for fmt in ("no", "yes", "no", "yes"):
+        unet.to(memory_format=torch.channels_last if fmt == "yes" else torch.contiguous_format)
+        zz = z.contiguous(memory_format=torch.channels_last) if fmt == "yes" else z.contiguous()
+        for i in range(8):
+            if i == 3:
+                torch.cuda.synchronize()
+                t0 = time.time()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = unet(zz, t, encoder_hidden_states=te(ids).last_hidden_state).sample
+            out.float().square().mean().backward()
+        torch.cuda.synchronize()
+        res[fmt] = (time.time() - t0) / 5
+    unet.to(memory_format=torch.contiguous_format)
+    unet.zero_grad(set_to_none=True)
+    te.zero_grad(set_to_none=True)
+    pick = "yes" if res["yes"] < 0.95 * res["no"] else "no"
+    log(f"fwd+bwd at batch {B}: contiguous {res['no'] * 1e3:.1f} ms, channels_last {res['yes'] * 1e3:.1f} ms "
+        f"-> channels_last {pick}")
+    return pick
+
+
 def train_unet(a):
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
@@ -234,6 +296,17 @@ def train_unet(a):
             assert not unexpected and all(k.endswith("position_ids") for k in missing), (name, missing, unexpected)
         vae = vae.to(dev).eval()
         log(f"resumed from {a.resume}")
+    elif a.vae_from:  # the VAE of an exported single file (its first_stage_model.* tensors); te + UNet new
+        import ldm_convert
+        from diffusers import AutoencoderKL
+        from safetensors.torch import load_file
+
+        vae = AutoencoderKL(**VAE_CFG)
+        ldm = {k: v for k, v in load_file(a.vae_from).items() if k.startswith("first_stage_model.")}
+        comps = ldm_convert.ldm_to_components(ldm, unet, vae, te)
+        vae.load_state_dict({k: v.float() for k, v in comps["vae"].items()}, strict=True)
+        vae = vae.to(dev).eval()
+        log(f"vae from {a.vae_from} ({len(ldm)} tensors); text encoder and UNet from scratch")
     else:
         vae = load_vae(a.vae, dev)
     vae.requires_grad_(False)
@@ -254,13 +327,22 @@ def train_unet(a):
         log("flop count failed:", e)
     ids_of = CaptionIds(a.tok)
     params = list(unet.parameters()) + list(te.parameters())
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.01)
-    ema = EMA(params, 0.999)
     betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
     ac = torch.cumprod(1 - betas, 0).float().to(dev)
     cg = torch.Generator().manual_seed(3)
     dg = torch.Generator(device=dev).manual_seed(4)
     ng = torch.Generator(device=dev).manual_seed(5)
+    B = a.batch
+    pool = build_pool(vae, ids_of, dev, a.pool, a.pool_time) if a.pool else None
+    if pool is not None:
+        empty_ids = ids_of([""], dev)[0]
+        if a.channels_last == "auto":
+            a.channels_last = pick_memory_format(unet, te, pool, B, dev)
+        if a.channels_last == "yes":
+            unet.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.01,
+                            **({"fused": True} if a.fused else {}))
+    ema = EMA(params, a.ema)
     os.makedirs(a.out, exist_ok=True)
     f = open(os.path.join(a.out, "loss-log-unet.csv"), "w", newline="")
     w = csv.writer(f)
@@ -272,27 +354,43 @@ def train_unet(a):
         el = time.time() - t0
         if (a.steps and step >= a.steps) or (not a.steps and el > a.time):
             break
+        if step in (20, 60):  # the schedule's rate estimate needs the GPU's time, not the queue's
+            torch.cuda.synchronize()
+            el = time.time() - t0
         lr = sched.lr(step, el)
         for g in opt.param_groups:
             g["lr"] = lr
-        B = a.batch
-        x, caps, _ = shapes.batch(B, 256, dev, cg, dg)
-        drop = torch.rand(B, generator=cg) < 0.1
-        caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
-        ids = ids_of(caps, dev)
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            z0 = vae.encode(x).latent_dist.sample(generator=ng).float() * SCALE
+        if pool is None:  # the original loop: draw and encode every batch (slow: VAE encoder per step)
+            x, caps, _ = shapes.batch(B, 256, dev, cg, dg)
+            drop = torch.rand(B, generator=cg) < 0.1
+            caps = ["" if d else c for c, d in zip(caps, drop.tolist())]
+            ids = ids_of(caps, dev)
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                z0 = vae.encode(x).latent_dist.sample(generator=ng).float() * SCALE
+        else:  # a random batch of pre-encoded posteriors; a fresh posterior sample every time
+            idx = torch.randint(0, pool["n"], (B,), device=dev, generator=ng)
+            z0 = pool["mean"][idx] + pool["std"][idx] * torch.randn((B, 4, 32, 32), device=dev, generator=ng)
+            drop = torch.rand((B, 1), device=dev, generator=ng) < 0.1
+            ids = torch.where(drop, empty_ids[None], pool["ids"][idx])
         t = torch.randint(0, 1000, (B,), device=dev, generator=ng)
         eps = torch.randn(z0.shape, device=dev, generator=ng)
         eps = eps + 0.05 * torch.randn((B, 4, 1, 1), device=dev, generator=ng)
         at = ac[t].view(B, 1, 1, 1)
         zt = at.sqrt() * z0 + (1 - at).sqrt() * eps
+        if a.channels_last == "yes":
+            zt = zt.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ehs = te(ids).last_hidden_state
             pred = unet(zt, t, encoder_hidden_states=ehs).sample
-        loss = F.mse_loss(pred.float(), eps)
+        mse = (pred.float() - eps).square().mean(dim=(1, 2, 3))
+        loss = mse.mean()  # logged: plain epsilon MSE, comparable with the earlier runs
+        if a.min_snr:  # Min-SNR-gamma weighting (Hang et al. 2023, arXiv:2303.09556), epsilon form
+            snr = at.view(B) / (1 - at.view(B))
+            obj = (mse * snr.clamp(max=a.min_snr) / snr).mean()
+        else:
+            obj = loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        obj.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         ema.update(step)
@@ -300,15 +398,21 @@ def train_unet(a):
         if lv is not None:
             loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
             w.writerow([step, f"{el:.1f}", f"{lr:.3e}", f"{lv:.5f}", f"{loss_ema:.5f}"])
-        if step % 250 == 0 or step in (10, 50, 100):
+        if step % 500 == 0 or step in (10, 50, 100, 250):
             log(f"unet step {step} t {el:.0f}s loss {loss.item():.4f} (smoothed {loss_ema:.4f}) lr {lr:.2e}")
         step += 1
+    torch.cuda.synchronize()
     f.close()
-    log(f"unet: {step} steps in {time.time() - t0:.0f}s, batch {a.batch}")
+    a.train_s = time.time() - t0
+    log(f"unet: {step} steps in {a.train_s:.0f}s, batch {a.batch}")
     ema.copy_to()
+    unet.to(memory_format=torch.contiguous_format)
     te.eval()
     unet.eval()
     a.lr_schedule_steps = sched.total
+    a.pool_n = pool["n"] if pool is not None else 0
+    a.pool_s = pool["seconds"] if pool is not None else 0
+    a.loss_smoothed = loss_ema
     export_and_sample(a, vae, te, unet, ids_of, step)
 
 
@@ -359,31 +463,40 @@ def check(attr, res):
     return out
 
 
-def export_and_sample(a, vae, te, unet, ids_of, steps_done):
-    import ldm_convert
-    from PIL import Image
-    from safetensors.torch import save_file
+# Prompts of the measured-check test (tests/e2e/demo_checks_test.cpp), fixed before any image was seen:
+# every colour but one appears as object or background, every shape, position and size; (small,
+# large) pairs for the size check; no held-out (colour, shape) pair.
+TEST_PROMPTS = [
+    "a large red circle in the centre, blue background",
+    "a small red circle in the centre, blue background",
+    "a small yellow square on the left, black background",
+    "a large yellow square on the left, black background",
+    "a large white triangle on the right, green background",
+    "a small cyan star at the top, purple background",
+    "a large orange ring at the bottom, white background",
+    "a small pink cross on the right, grey background",
+    "a large green square at the top, red background",
+    "a small black circle at the bottom, yellow background",
+    "a large blue triangle on the left, orange background",
+    "a large purple star in the centre, cyan background",
+]
 
-    # f16 round, then everything below runs on exactly the exported weights (in float32)
-    with torch.no_grad():
-        for m in (vae, te, unet):
-            m.float()
-            for p in m.parameters():
-                p.copy_(p.half().float())
-    ldm = ldm_convert.pipeline_to_ldm(unet, vae, te, dtype=torch.float16)
-    path = os.path.join(a.out, "easel-demo-shapes.safetensors")
-    meta = {"format": "pt", "easel_model": "easel-demo-shapes", "architecture": "SD1.x (miniature)",
-            "scaling_factor": str(SCALE), "licence": "CC0-1.0", "train_steps_unet": str(steps_done),
-            "prediction_type": "epsilon", "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps",
-            "clip_skip": "1 (final layer norm output)"}
-    save_file(ldm, path, metadata=meta)
-    log(f"exported {path}: {os.path.getsize(path) / 1e6:.2f} MB, {len(ldm)} tensors")
-    tok = ids_of.tok
-    pipe = make_pipe(vae, te, unet, tok)
-    # --- attribute accuracy on the GPU: held-in and held-out prompts, 4 seeds each -----------------
+
+def parse_prompt(p):
+    """Inverse of shapes.caption for full captions: -> attribute dict."""
+    head, bg = p.split(", ")
+    w = head.split()
+    pos = {"on the left": "left", "on the right": "right", "at the top": "top", "at the bottom": "bottom",
+           "in the centre": "centre"}[" ".join(w[4:])]
+    return dict(size=w[1], colour=w[2], shape=w[3], pos=pos, bg=bg.split()[0])
+
+
+def accuracy(pipe, cfg, size, steps):
+    """Attribute accuracy over 64 in-distribution and 64 held-out-pair prompts (fixed: CPU generator
+    777, GPU noise seed 5) at one setting -> {"random": {...}, "heldout": {...}}."""
     cg = torch.Generator().manual_seed(777)
     results = {}
-    for name, allow in (("random", False), ("heldout", True)):
+    for name in ("random", "heldout"):
         attrs, caps = shapes.sample_attributes(256, cg, allow_heldout=True)
         if name == "heldout":
             hl = sorted(shapes.HELDOUT)
@@ -395,17 +508,97 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
             attrs = [at for at in attrs if (at["colour"], at["shape"]) not in shapes.HELDOUT]
         attrs = attrs[:64]
         caps = [shapes.caption(at["size"], at["colour"], at["shape"], at["pos"], at["bg"]) for at in attrs]
-        pipe.to("cuda")
         with torch.no_grad():
-            imgs = pipe(prompt=caps, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+            imgs = pipe(prompt=caps, num_inference_steps=steps, guidance_scale=cfg, height=size, width=size,
                         generator=torch.Generator("cuda").manual_seed(5), output_type="pt").images
-        tally = {"bg": 0, "colour": 0, "pos": 0, "size": 0}
+        tally = {"bg": 0, "colour": 0, "pos": 0, "size": 0, "all": 0}
         for img, at in zip(imgs, attrs):
-            for k_, v in check(at, analyse(img.float())).items():
+            ch = check(at, analyse(img.float()))
+            for k_, v in ch.items():
                 tally[k_] += int(v)
+            tally["all"] += int(all(ch.values()))
         results[name] = {k_: v / len(attrs) for k_, v in tally.items()}
         results[name]["n"] = len(attrs)
-    log("attribute accuracy:", json.dumps(results))
+    return results
+
+
+def export_and_sample(a, vae, te, unet, ids_of, steps_done):
+    import ldm_convert
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    t_start = time.time()
+    # f16 round, then everything below runs on exactly the exported weights (in float32)
+    with torch.no_grad():
+        for m in (vae, te, unet):
+            m.float()
+            for p in m.parameters():
+                p.copy_(p.half().float())
+    ldm = ldm_convert.pipeline_to_ldm(unet, vae, te, dtype=torch.float16)
+    path = os.path.join(a.out, "easel-demo-shapes.safetensors")
+    meta = {"format": "pt", "easel_model": "easel-demo-shapes", "architecture": "SD1.x (miniature)",
+            "scaling_factor": str(SCALE), "licence": "CC0-1.0",
+            "train_steps_unet": (a.history + " + " if a.history else "") + f"{steps_done} (batch {a.batch})",
+            "prediction_type": "epsilon", "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps",
+            "clip_skip": "1 (final layer norm output)",
+            "train_steps_vae": "2040 (1458 + 582 continued), batch 32", "resolution": "256x256 (32x32 latent)",
+            "tokenizer": "CLIP BPE (openai bpe_simple_vocab_16e6), 77 tokens, pad with <|endoftext|> 49407",
+            "source": "tools/demo-model (easel repository)"}
+    save_file(ldm, path, metadata=meta)
+    log(f"exported {path}: {os.path.getsize(path) / 1e6:.2f} MB, {len(ldm)} tensors")
+    summary = {"unet_steps": steps_done, "history": meta["train_steps_unet"], "batch": a.batch, "lr": a.lr,
+               "warmup": a.warmup, "ema": a.ema, "train_s": getattr(a, "train_s", None),
+               "pool_latents": getattr(a, "pool_n", 0), "pool_s": getattr(a, "pool_s", 0),
+               "channels_last": a.channels_last, "min_snr": a.min_snr, "vae_from": a.vae_from, "resume": a.resume, "final_loss_smoothed": getattr(a, "loss_smoothed", None),
+               "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
+               "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
+               "scheduler": SCHED, "file_mb": os.path.getsize(path) / 1e6}
+    spath = os.path.join(a.out, "train_summary.json")
+
+    def dump():
+        with open(spath, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+
+    dump()
+    tok = ids_of.tok
+    pipe = make_pipe(vae, te, unet, tok)
+    pipe.to("cuda")
+    # --- attribute accuracy on the GPU at several CFG scales; the best in-distribution mean wins --------
+    cfgs = [float(c) for c in a.cfgs.split(",")]
+    summary["accuracy"] = {}
+    for c in cfgs:
+        r = accuracy(pipe, c, 256, 20)
+        summary["accuracy"][f"256px 20 steps cfg {c:g}"] = r
+        log(f"accuracy cfg {c:g}:", json.dumps(r))
+    dump()
+    score = {c: sum(summary["accuracy"][f"256px 20 steps cfg {c:g}"]["random"][k] for k in ("bg", "colour", "pos", "size"))
+             for c in cfgs}
+    best = max(cfgs, key=lambda c: (round(score[c], 6), c))
+    cfg = best if a.ref_cfg == "auto" else float(a.ref_cfg)
+    summary["cfg_chosen"] = cfg
+    log(f"cfg scores {score}; chosen {cfg:g}")
+    for size, steps in ((128, 20), (256, 10)):
+        r = accuracy(pipe, cfg, size, steps)
+        summary["accuracy"][f"{size}px {steps} steps cfg {cfg:g}"] = r
+        log(f"accuracy {size}px {steps} steps cfg {cfg:g}:", json.dumps(r))
+    dump()
+    # --- the measured-check test's prompts with CPU-generator noise (easel --rng cpu) ---------------
+    summary["test_prompts"] = {}
+    for size in (256, 128):
+        rows = []
+        for seed in range(1, 5):
+            noise = torch.cat([torch.randn((1, 4, size // 8, size // 8), generator=torch.Generator().manual_seed(seed))
+                               for _ in TEST_PROMPTS])
+            with torch.no_grad():
+                imgs = pipe(prompt=TEST_PROMPTS, num_inference_steps=20, guidance_scale=cfg, height=size, width=size,
+                            latents=noise.to("cuda"), output_type="pt").images
+            for p, img in zip(TEST_PROMPTS, imgs):
+                res = analyse(img.float())
+                rows.append({"prompt": p, "seed": seed, "analysis": res, "check": check(parse_prompt(p), res)})
+        summary["test_prompts"][f"{size}px 20 steps cfg {cfg:g}"] = rows
+        ok = sum(all(r["check"].values()) for r in rows)
+        log(f"test prompts {size}px: {ok}/{len(rows)} pass all checks")
+    dump()
     # --- model-card samples (GPU) --------------------------------------------------------------------
     card = ["a large green star in the centre, white background",
             "a small purple triangle at the top, yellow background",
@@ -415,10 +608,11 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
             "a small orange circle on the right, grey background",
             "a large white circle at the bottom, red background",
             "a cyan star on the left, brown background"]
+    summary["card_prompts"] = card
     sdir = os.path.join(a.out, "samples")
     os.makedirs(sdir, exist_ok=True)
     with torch.no_grad():
-        imgs = pipe(prompt=card, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+        imgs = pipe(prompt=card, num_inference_steps=20, guidance_scale=cfg, height=256, width=256,
                     generator=torch.Generator("cuda").manual_seed(1), output_type="pt").images
     tiles = []
     for i, img in enumerate(imgs):
@@ -445,7 +639,7 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
 
         with torch.no_grad():
             cond, uncond = pipe.encode_prompt(prompt, "cpu", 1, True)
-            img = pipe(prompt=prompt, num_inference_steps=20, guidance_scale=7.5, height=256, width=256,
+            img = pipe(prompt=prompt, num_inference_steps=20, guidance_scale=cfg, height=256, width=256,
                        generator=torch.Generator("cpu").manual_seed(seed), output_type="pt",
                        callback_on_step_end=cb).images
         noise = torch.randn((1, 4, 32, 32), generator=torch.Generator("cpu").manual_seed(seed))
@@ -456,7 +650,7 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
         arr = (img[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8")
         Image.fromarray(arr).save(os.path.join(rdir, name + ".png"))
         refs.append({"name": name, "prompt": prompt, "negative_prompt": "", "seed": seed, "width": 256,
-                     "height": 256, "steps": 20, "cfg_scale": 7.5, "sampling_method": "euler",
+                     "height": 256, "steps": 20, "cfg_scale": cfg, "sampling_method": "euler",
                      "scheduler": "discrete", "rng": "cpu", "png": name + ".png",
                      "tensors": name + ".safetensors",
                      "diffusers_scheduler_config": {k: v for k, v in dict(pipe.scheduler.config).items()
@@ -467,13 +661,9 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
     with open(os.path.join(rdir, "cases.json"), "w") as f:
         json.dump({"model": "models/demo/easel-demo-shapes.safetensors", "device": "cpu float32",
                    "weights": "exactly the f16 values of the file", "cases": refs}, f, indent=1, default=str)
-    with open(os.path.join(a.out, "train_summary.json"), "w") as f:
-        json.dump({"unet_steps": steps_done, "batch": a.batch, "lr": a.lr, "accuracy": results,
-                   "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
-                   "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
-                   "scheduler": SCHED, "file_mb": os.path.getsize(path) / 1e6, "card_prompts": card}, f, indent=1,
-                  default=str)
-    log("export and sampling done")
+    summary["export_and_sample_s"] = time.time() - t_start
+    dump()
+    log(f"export and sampling done ({summary['export_and_sample_s']:.0f}s)")
 
 
 def preview(a):
@@ -504,6 +694,21 @@ def main():
     ap.add_argument("--est-steps", type=int, default=6000, help="steps the LR schedule is laid out for")
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0)
+    ap.add_argument("--pool", type=int, default=0,
+                    help="unet stage: encode this many training images once and sample batches from them (0: "
+                         "render and encode every batch, the original loop)")
+    ap.add_argument("--pool-time", type=float, default=60, help="unet stage: seconds at most for building the pool")
+    ap.add_argument("--channels-last", choices=["auto", "yes", "no"], default="no",
+                    help="unet stage with --pool: UNet memory format (auto: time both, take the faster)")
+    ap.add_argument("--fused", action="store_true", help="unet stage: fused AdamW kernel")
+    ap.add_argument("--ema", type=float, default=0.999, help="unet stage: EMA decay")
+    ap.add_argument("--cfgs", default="7.5", help="unet stage: CFG scales to measure accuracy at (comma list)")
+    ap.add_argument("--ref-cfg", default="7.5",
+                    help="unet stage: CFG scale of samples and references ('auto': the best measured of --cfgs)")
+    ap.add_argument("--vae-from", help="unet stage: take the VAE from this single file (first_stage_model.*), "
+                                       "train text encoder and UNet from scratch")
+    ap.add_argument("--min-snr", type=float, default=0, help="unet stage: Min-SNR-gamma loss weight (0: off)")
+    ap.add_argument("--history", default="", help="unet stage: earlier training, recorded in the file's metadata")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
