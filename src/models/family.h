@@ -114,6 +114,10 @@ public:
     /// The noise process (discrete eps/v, or flow with its shift).
     virtual const sampling::ModelSampling& model_sampling() const = 0;
     virtual SamplingDefaults defaults() const = 0;
+    /// Options for sampling::make_schedule that reproduce the family's reference pipeline
+    /// (Z-Image: flow_pipeline_sigmas, since ZImagePipeline passes sigmas linspace(1, 1/n, n)
+    /// to FlowMatchEulerDiscreteScheduler instead of letting it space timesteps itself).
+    virtual sampling::ScheduleOptions schedule_options() const { return {}; }
     /// Channels the diffusion model takes: latent channels plus concat channels (SD
     /// in-painting UNets: 4 + 1 mask + 4 masked-image latent = 9).
     virtual int64_t diffusion_in_channels() const { return latent_format().channels; }
