@@ -374,7 +374,7 @@ def train_unet(a):
             ids = torch.where(drop, empty_ids[None], pool["ids"][idx])
         t = torch.randint(0, 1000, (B,), device=dev, generator=ng)
         eps = torch.randn(z0.shape, device=dev, generator=ng)
-        eps = eps + 0.05 * torch.randn((B, 4, 1, 1), device=dev, generator=ng)
+        eps = eps + a.offset_noise * torch.randn((B, 4, 1, 1), device=dev, generator=ng)
         at = ac[t].view(B, 1, 1, 1)
         zt = at.sqrt() * z0 + (1 - at).sqrt() * eps
         if a.channels_last == "yes":
@@ -549,7 +549,7 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
     summary = {"unet_steps": steps_done, "history": meta["train_steps_unet"], "batch": a.batch, "lr": a.lr,
                "warmup": a.warmup, "ema": a.ema, "train_s": getattr(a, "train_s", None),
                "pool_latents": getattr(a, "pool_n", 0), "pool_s": getattr(a, "pool_s", 0),
-               "channels_last": a.channels_last, "min_snr": a.min_snr, "vae_from": a.vae_from, "resume": a.resume, "final_loss_smoothed": getattr(a, "loss_smoothed", None),
+               "channels_last": a.channels_last, "min_snr": a.min_snr, "offset_noise": a.offset_noise, "vae_from": a.vae_from, "resume": a.resume, "final_loss_smoothed": getattr(a, "loss_smoothed", None),
                "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
                "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
                "scheduler": SCHED, "file_mb": os.path.getsize(path) / 1e6}
@@ -577,14 +577,14 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
     cfg = best if a.ref_cfg == "auto" else float(a.ref_cfg)
     summary["cfg_chosen"] = cfg
     log(f"cfg scores {score}; chosen {cfg:g}")
-    for size, steps in ((128, 20), (256, 10)):
+    for size, steps in (((128, 20), (256, 10)) if a.extra_analysis else ()):
         r = accuracy(pipe, cfg, size, steps)
         summary["accuracy"][f"{size}px {steps} steps cfg {cfg:g}"] = r
         log(f"accuracy {size}px {steps} steps cfg {cfg:g}:", json.dumps(r))
     dump()
     # --- the measured-check test's prompts with CPU-generator noise (easel --rng cpu) ---------------
     summary["test_prompts"] = {}
-    for size in (256, 128):
+    for size in ((256, 128) if a.extra_analysis else (256,)):
         rows = []
         for seed in range(1, 5):
             noise = torch.cat([torch.randn((1, 4, size // 8, size // 8), generator=torch.Generator().manual_seed(seed))
@@ -707,6 +707,10 @@ def main():
                     help="unet stage: CFG scale of samples and references ('auto': the best measured of --cfgs)")
     ap.add_argument("--vae-from", help="unet stage: take the VAE from this single file (first_stage_model.*), "
                                        "train text encoder and UNet from scratch")
+    ap.add_argument("--offset-noise", type=float, default=0.05,
+                    help="unet stage: std of the per-channel offset added to the noise (Crosslabs' offset noise)")
+    ap.add_argument("--no-extra-analysis", dest="extra_analysis", action="store_false",
+                    help="unet stage: skip the 128x128 and 10-step accuracy runs and the 128x128 test prompts")
     ap.add_argument("--min-snr", type=float, default=0, help="unet stage: Min-SNR-gamma loss weight (0: off)")
     ap.add_argument("--history", default="", help="unet stage: earlier training, recorded in the file's metadata")
     a = ap.parse_args()
