@@ -486,6 +486,9 @@ std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightInd
     // every half the weights hold was built.
     const bool complete = m->module_->has_encoder() == cfg.has_encoder && m->module_->has_decoder() == cfg.has_decoder;
     lo.check_unexpected = complete;
+    // FLUX.2 VAE (AutoencoderKLFlux2): the BatchNorm statistics of the patchified latents are not
+    // used by encode/decode (the pipeline normalises with them; models/flux/flux2_vae.h).
+    lo.ignore_unexpected_suffixes = {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"};
     m->params_ = nn::ParamBuffer::load(*m->module_, ts, ggml_backend_get_default_buffer_type(backend), lo);
     return m;
 }
