@@ -149,6 +149,14 @@ public:
     static ParamBuffer load(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
                             const LoadOptions& opt = {});
 
+    /// Selects the parameters load_subset() loads: (full name, parameter) -> true to load.
+    using ParamFilter = std::function<bool(const std::string&, const Param&)>;
+    /// As load(), but only the parameters `keep` selects are created, loaded and bound (the
+    /// others keep their tensor pointer). Binding is still checked for the whole tree. For the
+    /// placement runtime (one buffer per block range / device / residency).
+    static ParamBuffer load_subset(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
+                                   const LoadOptions& opt, const ParamFilter& keep);
+
     /// Creates the tensors of every parameter of `root` in one buffer of `buft` without data
     /// (F32 for every role unless `type_of` says otherwise), for code that fills parameters
     /// itself (tests, generated weights). Optional parameters are created too.

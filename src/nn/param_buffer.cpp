@@ -329,8 +329,14 @@ ParamBuffer ParamBuffer::allocate(Block& root, ggml_backend_buffer_type_t buft,
 }
 
 ParamBuffer ParamBuffer::load(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft, const LoadOptions& opt) {
+    return load_subset(root, src, buft, opt, {});
+}
+
+ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
+                                     const LoadOptions& opt, const ParamFilter& keep) {
     BindReport r = bind(root, src, opt);
     if (std::string m = r.message(src); !m.empty()) fail(ErrorKind::ModelMismatch, "{}", m);
+    if (keep) std::erase_if(r.bound, [&](const Bound& b) { return !keep(b.name, *b.param); });
 
     ParamBuffer pb;
     pb.ctx_ = new_param_ctx(r.bound.size());

@@ -25,7 +25,7 @@ ggml_tensor* GraphBuilder::add(const std::string& name, ggml_type type, std::vec
     ggml_set_name(t, name.c_str());
     ggml_set_input(t);
     Input in{t, std::vector<uint8_t>(n * elem)};
-    if (n) std::memcpy(in.bytes.data(), data, n * elem);
+    if (n && elem) std::memcpy(in.bytes.data(), data, n * elem);
     inputs_.push_back(std::move(in));
     return t;
 }
@@ -36,6 +36,18 @@ ggml_tensor* GraphBuilder::input_f32(const std::string& name, std::vector<int64_
 
 ggml_tensor* GraphBuilder::input_i32(const std::string& name, std::vector<int64_t> ne, std::span<const int32_t> data) {
     return add(name, GGML_TYPE_I32, std::move(ne), data.data(), data.size(), sizeof(int32_t));
+}
+
+ggml_tensor* GraphBuilder::input_raw(const std::string& name, ggml_type type, std::vector<int64_t> ne, std::span<const uint8_t> bytes) {
+    int64_t count = 1;
+    for (auto d : ne) count *= d;
+    const int64_t blck = ggml_blck_size(type);
+    if (ne.empty() || count <= 0 || ne[0] % blck != 0 || (size_t)(ggml_row_size(type, ne[0]) * (count / ne[0])) != bytes.size())
+        fail(ErrorKind::InvalidInput, "graph input '{}': {} bytes do not match its shape and type {}", name, bytes.size(), ggml_type_name(type));
+    // counted in elements of `type` for add(): bytes / element size of one row-block
+    ggml_tensor* t = add(name, type, std::move(ne), bytes.data(), (size_t)count, 0);
+    inputs_.back().bytes.assign(bytes.begin(), bytes.end());
+    return t;
 }
 
 GraphRunner::GraphRunner(ggml_backend_dev_t dev, int n_threads) {

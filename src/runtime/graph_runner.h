@@ -41,6 +41,10 @@ struct HostTensor {
 /// Declares graph inputs with host data while a graph is being built.
 class GraphBuilder {
 public:
+    GraphBuilder() = default;
+    /// A builder on an existing no_alloc context, for executors other than GraphRunner
+    /// (runtime::SequenceRunner); the caller uploads inputs() after allocating the graph.
+    GraphBuilder(ggml_context* ctx, ggml_backend_t backend) : ctx_(ctx), backend_(backend) {}
     /// The no_alloc context in which the graph is built.
     ggml_context* ctx() const { return ctx_; }
     /// The backend the graph will run on (for nn::Ctx::backend).
@@ -51,13 +55,19 @@ public:
     ggml_tensor* input_f32(const std::string& name, std::vector<int64_t> ne, std::span<const float> data);
     /// An I32 input (token ids, positions); as input_f32.
     ggml_tensor* input_i32(const std::string& name, std::vector<int64_t> ne, std::span<const int32_t> data);
+    /// An input of any type with its raw bytes (ggml layout); throws Error(InvalidInput) when
+    /// bytes.size() differs from ggml_nbytes of the shape.
+    ggml_tensor* input_raw(const std::string& name, ggml_type type, std::vector<int64_t> ne, std::span<const uint8_t> bytes);
 
-private:
-    friend class GraphRunner;
+    /// An input declared so far and its host bytes.
     struct Input {
         ggml_tensor* t;
         std::vector<uint8_t> bytes;
     };
+    const std::vector<Input>& inputs() const { return inputs_; }
+
+private:
+    friend class GraphRunner;
     ggml_tensor* add(const std::string& name, ggml_type type, std::vector<int64_t> ne, const void* data, size_t n, size_t elem);
     ggml_context* ctx_ = nullptr;
     ggml_backend_t backend_ = nullptr;

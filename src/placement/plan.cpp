@@ -1,0 +1,251 @@
+// The planner (see plan.h).
+#include "placement/plan.h"
+
+#include "core/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace easel::placement {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+
+double mib(uint64_t b) { return (double)b / kMiB; }
+
+uint64_t sum(const std::vector<uint64_t>& v, int b, int e) {
+    uint64_t s = 0;
+    for (int i = b; i < e; ++i) s += v[(size_t)i];
+    return s;
+}
+
+/// Parameter bytes of a segment: its blocks + the non-block parameters when it runs the
+/// prologue or the epilogue (loaded with each such segment: they may be on different devices).
+uint64_t seg_params(const ModuleCosts& c, int b, int e, bool pro, bool epi) {
+    return sum(c.block_bytes, b, e) + ((pro || epi) ? c.prologue_bytes : 0);
+}
+
+Segment make_seg(const ModuleCosts& c, const std::string& dev, int b, int e, int n, Residency r, bool per_eval) {
+    Segment s;
+    s.device = dev;
+    s.begin = b;
+    s.end = e;
+    s.prologue = b == 0;
+    s.epilogue = e == n;
+    s.residency = r;
+    s.per_eval = per_eval;
+    s.param_bytes = seg_params(c, b, e, s.prologue, s.epilogue);
+    s.compute_bytes = c.measure(b, e, s.prologue, s.epilogue, dev);
+    return s;
+}
+
+DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint64_t budget) {
+    DeviceUse u;
+    u.device = dev;
+    u.budget = budget;
+    uint64_t slot = 0;
+    for (auto& s : segs) {
+        if (s.device != dev) continue;
+        if (s.per_eval) slot = std::max(slot, s.param_bytes);
+        else u.params += s.param_bytes;
+        u.compute = std::max(u.compute, s.compute_bytes);
+    }
+    u.slots = 2 * slot;
+    return u;
+}
+
+std::string suggestion(PModule m, Residency r, bool split) {
+    const char* n = pmodule_name(m);
+    if (r == Residency::Device)
+        return fmt::format("try --params-backend {}=cpu{}{}", n, m == PModule::Diffusion ? " --stream-layers" : "",
+                           split ? ", a larger --max-vram" : fmt::format(", or --backend \"{}=DEV1&DEV2\" (layer split)", n));
+    if (r == Residency::Disk) return fmt::format("try --params-backend {}=cpu (segments staged from RAM) or a larger --max-vram", n);
+    return fmt::format("try a larger --max-vram, a smaller image, or --backend {}=cpu", n);
+}
+
+[[noreturn]] void does_not_fit(PModule m, const DeviceUse& u, Residency r, bool split) {
+    fail(ErrorKind::OutOfMemory, "{} needs {:.0f} MiB on {} but the budget leaves {:.0f} MiB ({:.0f} params + {:.0f} streaming slots + {:.0f} compute); {}",
+         pmodule_name(m), mib(u.total()), u.device, mib(u.budget), mib(u.params), mib(u.slots), mib(u.compute), suggestion(m, r, split));
+}
+
+}  // namespace
+
+const char* residency_name(Residency r) {
+    switch (r) {
+        case Residency::Device: return "device";
+        case Residency::Host: return "host";
+        case Residency::Disk: return "disk";
+    }
+    return "?";
+}
+
+std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const std::vector<DeviceInfo>& devs) {
+    std::map<std::string, uint64_t> out;
+    for (auto& d : devs) {
+        double head = spec.headroom_all_mib.value_or(0.0);
+        if (auto it = spec.headroom_mib.find(d.name); it != spec.headroom_mib.end()) head = it->second;
+        std::optional<double> cap;
+        if (auto it = spec.max_vram_gib.find(d.name); it != spec.max_vram_gib.end()) cap = it->second;
+        else if (spec.max_vram_all_gib && d.type != "cpu") cap = spec.max_vram_all_gib;
+        double bytes;
+        if (cap && *cap > 0) bytes = *cap * kGiB;
+        else if (cap && *cap < 0) bytes = (double)d.free_bytes + *cap * kGiB;
+        else if (d.type == "cpu" && head == 0) continue;  // host RAM: unlimited unless asked
+        else bytes = (double)d.free_bytes;
+        bytes -= head * kMiB;
+        out[d.name] = (uint64_t)std::max(0.0, bytes);
+    }
+    return out;
+}
+
+ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream, const ModuleCosts& c,
+                       const std::map<std::string, uint64_t>& budgets) {
+    ModulePlan p;
+    p.module = module;
+    p.label = c.label;
+    p.params_location = place.params;
+    const int n = (int)c.block_bytes.size();
+    const auto& devs = place.devices;
+    if (devs.empty()) fail(ErrorKind::Internal, "plan_module: {} has no device", pmodule_name(module));
+    if ((int)devs.size() > std::max(n, 1))
+        fail(ErrorKind::InvalidInput, "{}: {} devices but only {} blocks to split", pmodule_name(module), devs.size(), n);
+    const Residency r = place.params.empty() ? Residency::Device : place.params == kDisk ? Residency::Disk : Residency::Host;
+    auto budget_of = [&](const std::string& d) -> uint64_t {
+        auto it = budgets.find(d);
+        return it == budgets.end() ? 0 : it->second;
+    };
+    auto fits = [&](const DeviceUse& u) { return u.budget == 0 || u.total() <= u.budget; };
+    auto finish = [&](std::vector<Segment> segs, bool split) {
+        p.segments = std::move(segs);
+        p.devices.clear();
+        for (auto& d : devs) p.devices.push_back(use_of(p.segments, d, budget_of(d)));
+        for (auto& u : p.devices)
+            if (!fits(u)) does_not_fit(module, u, r, split);
+        p.host_bytes = 0;
+        if (r == Residency::Host)
+            for (auto& s : p.segments) p.host_bytes += s.param_bytes;
+        return p;
+    };
+
+    if (devs.size() > 1) {
+        // layer split: contiguous ranges with parameter bytes in proportion to the budgets
+        std::vector<double> w;
+        for (auto& d : devs) w.push_back((double)budget_of(d));
+        if (std::any_of(w.begin(), w.end(), [](double x) { return x <= 0; })) std::fill(w.begin(), w.end(), 1.0);
+        const double wsum = std::accumulate(w.begin(), w.end(), 0.0);
+        const double total = (double)sum(c.block_bytes, 0, n);
+        std::vector<Segment> segs;
+        int b = 0;
+        double acc_w = 0;
+        for (size_t d = 0; d < devs.size(); ++d) {
+            acc_w += w[d];
+            int e = b + 1;
+            const int max_e = n - (int)(devs.size() - d - 1);  // leave one block per remaining device
+            if (d + 1 == devs.size()) e = n;
+            else {
+                const double target = total * acc_w / wsum;
+                while (e < max_e && std::fabs((double)sum(c.block_bytes, 0, e + 1) - target) <= std::fabs((double)sum(c.block_bytes, 0, e) - target))
+                    ++e;
+            }
+            segs.push_back(make_seg(c, devs[d], b, e, n, r, false));
+            b = e;
+        }
+        return finish(std::move(segs), true);
+    }
+
+    const std::string& dev = devs[0];
+    const uint64_t budget = budget_of(dev);
+    // everything as one graph, resident for the phase
+    std::vector<Segment> whole{make_seg(c, dev, 0, n, n, r, false)};
+    const DeviceUse whole_use = use_of(whole, dev, budget);
+    if (fits(whole_use) && !(stream && r == Residency::Host)) return finish(std::move(whole), false);
+    if (!fits(whole_use) && r == Residency::Disk) does_not_fit(module, whole_use, r, false);
+    if (n == 0) return finish(std::move(whole), false);
+
+    // single-block compute buffers (the estimate for cutting; every segment is measured after)
+    std::vector<uint64_t> one(n);
+    for (int i = 0; i < n; ++i) one[(size_t)i] = c.measure(i, i + 1, i == 0, i == n - 1, dev);
+    const uint64_t comp = *std::max_element(one.begin(), one.end());
+
+    if (stream && r == Residency::Host) {
+        // as many leading blocks resident as the budget allows, the rest streamed block by block
+        for (int k = n; k >= 0; --k) {
+            uint64_t resident = k > 0 ? seg_params(c, 0, k, true, k == n) : 0;
+            uint64_t slot = 0;
+            for (int i = k; i < n; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
+            if (budget != 0 && resident + 2 * slot + comp > budget && k > 0) continue;
+            std::vector<Segment> segs;
+            if (k > 0) segs.push_back(make_seg(c, dev, 0, k, n, r, false));
+            for (int i = k; i < n; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, true));
+            return finish(std::move(segs), false);
+        }
+    }
+
+    // --max-vram segments: greedy ranges whose parameters fit two slots beside the compute buffer
+    if (r == Residency::Device) {
+        // parameters stay resident; smaller graphs lower the compute buffer
+        std::vector<Segment> segs;
+        for (int i = 0; i < n; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, false));
+        if (!fits(use_of(segs, dev, budget))) does_not_fit(module, whole_use, r, false);  // report the plain plan
+        return finish(std::move(segs), false);
+    }
+    const uint64_t avail = budget > comp ? (budget - comp) / 2 : 0;
+    std::vector<Segment> segs;
+    int b = 0;
+    while (b < n) {
+        int e = b + 1;
+        while (e < n && seg_params(c, b, e + 1, b == 0, e + 1 == n) <= avail) ++e;
+        segs.push_back(make_seg(c, dev, b, e, n, r, true));
+        b = e;
+    }
+    return finish(std::move(segs), false);
+}
+
+std::string format_plan(const std::vector<ModulePlan>& plans) {
+    std::string s = fmt::format("{:<10} {:<24} {:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "module", "device", "blocks", "params",
+                                "slots", "compute", "total", "budget", "host");
+    for (auto& p : plans) {
+        for (auto& u : p.devices) {
+            std::string ranges;
+            for (auto& g : p.segments)
+                if (g.device == u.device)
+                    ranges += fmt::format("{}{}{}-{}{}", ranges.empty() ? "" : ",", g.prologue ? "P" : "", g.begin, g.end,
+                                          g.epilogue ? "E" : "");
+            if (ranges.size() > 14) {
+                int nseg = 0;
+                for (auto& g : p.segments) nseg += g.device == u.device;
+                ranges = fmt::format("{} segments", nseg);
+            }
+            s += fmt::format("{:<10} {:<24} {:<14} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9} {:>9.1f}\n", pmodule_name(p.module), u.device,
+                             ranges, mib(u.params), mib(u.slots), mib(u.compute), mib(u.total()),
+                             u.budget ? fmt::format("{:.1f}", mib(u.budget)) : std::string("-"), mib(p.host_bytes));
+        }
+        std::string res = p.params_location.empty() ? "on the runtime device" : p.params_location == kDisk ? "read from disk per phase"
+                                                                                                          : "held in " + p.params_location;
+        int streamed = 0;
+        for (auto& g : p.segments) streamed += g.per_eval;
+        s += fmt::format("  {}: {} segment(s), parameters {}{}\n", p.label, p.segments.size(), res,
+                         streamed ? fmt::format(", {} uploaded per evaluation", streamed) : "");
+    }
+    s += "(MiB; blocks: P = runs the prologue, E = the epilogue; total = params + slots + compute)\n";
+    return s;
+}
+
+std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<std::string, uint64_t>& measured) {
+    std::map<std::string, uint64_t> predicted;
+    for (auto& p : plans)
+        for (auto& u : p.devices) predicted[u.device] = std::max(predicted[u.device], u.total());
+    std::string s = fmt::format("{:<24} {:>14} {:>14}\n", "device", "predicted MiB", "measured MiB");
+    for (auto& [d, b] : predicted) {
+        auto it = measured.find(d);
+        s += fmt::format("{:<24} {:>14.1f} {:>14}\n", d, mib(b), it == measured.end() ? std::string("-") : fmt::format("{:.1f}", mib(it->second)));
+    }
+    return s;
+}
+
+}  // namespace easel::placement

@@ -1,0 +1,98 @@
+// Plan: per module, the runtime devices, the contiguous block ranges (segments) each device
+// runs, where each segment's parameters live, and the predicted bytes per device.
+//
+// design.md "Placement is data": PlacementSpec (what the user said) -> Plan (this file) ->
+// runtime (runtime/sequence_runner.h). The planner is pure: it gets parameter bytes per block
+// and a function that measures the compute buffer of any block range with ggml's graph
+// allocator (ggml_gallocr_reserve_n_size on a no_alloc graph at the job's shapes), and the
+// budget of each device. A plan that cannot fit throws before anything is allocated.
+#pragma once
+
+#include "placement/spec.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace easel::placement {
+
+/// Where a segment's parameters are kept.
+enum class Residency {
+    Device,  ///< loaded onto the segment's device when the module loads; stay there
+    Host,    ///< kept in host RAM (or another device's memory: --params-backend); copied to the
+             ///< runtime device for the phase, or for every evaluation when `per_eval`
+    Disk,    ///< read from the model file onto the device at the start of a phase, freed after
+};
+/// "device", "host", "disk".
+const char* residency_name(Residency r);
+
+/// A contiguous range of blocks run as one graph on one device.
+struct Segment {
+    std::string device;           ///< runtime device (ggml name)
+    int begin = 0, end = 0;       ///< blocks [begin, end)
+    bool prologue = false;        ///< this graph also runs the prologue (first segment)
+    bool epilogue = false;        ///< ... and/or the epilogue (last segment)
+    Residency residency = Residency::Device;
+    /// Parameters uploaded into one of the device's two streaming slots for every evaluation
+    /// (streamed blocks, --max-vram segments); the next per-eval segment is uploaded while this
+    /// one computes where the backend has events. False: resident for the phase.
+    bool per_eval = false;
+    uint64_t param_bytes = 0;     ///< its parameters (with the prologue/epilogue ones it runs)
+    uint64_t compute_bytes = 0;   ///< measured compute buffer of its graph (inputs, state, outputs included)
+};
+
+/// Predicted bytes on one device for one module.
+struct DeviceUse {
+    std::string device;
+    uint64_t params = 0;   ///< resident parameters (Device, and Host/Disk staged for the phase)
+    uint64_t slots = 0;    ///< streaming slots: 2 x the largest per-eval segment
+    uint64_t compute = 0;  ///< largest compute buffer of its segments
+    uint64_t budget = 0;   ///< 0 = unlimited
+    uint64_t total() const { return params + slots + compute; }
+};
+
+/// The plan of one module.
+struct ModulePlan {
+    PModule module = PModule::Diffusion;
+    std::string label;             ///< e.g. "diffusion (UNet, 12 blocks)"
+    std::string params_location;   ///< spec value: "" (runtime devices), device name, or "disk"
+    std::vector<Segment> segments;
+    std::vector<DeviceUse> devices;  ///< runtime devices, in the spec's order
+    uint64_t host_bytes = 0;       ///< parameters held in host RAM / params device (Host residency)
+};
+
+/// What the planner needs to know about a module (from the model, before loading).
+struct ModuleCosts {
+    std::string label;                  ///< module description for the table
+    std::vector<uint64_t> block_bytes;  ///< parameter bytes of each block
+    uint64_t prologue_bytes = 0;        ///< parameter bytes outside the blocks (prologue + epilogue)
+    /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
+    /// measured with ggml's graph allocator at the job's shapes.
+    std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;
+};
+
+/// Budget in bytes per device name; a device absent = unlimited. From --max-vram (GiB; < 0:
+/// free minus |value|; 0: no cap; a global value applies to non-CPU devices) and --headroom
+/// (MiB, subtracted from the free memory of every device, or from the cap). Without a cap a
+/// non-CPU device's budget is its free memory minus the headroom; the CPU is unlimited.
+std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const std::vector<DeviceInfo>& devs);
+
+/// Plans one module. `place` is the module's resolved placement, `stream` true to stream its
+/// blocks (--stream-layers, diffusion with Host params). Layer split: ranges balanced by
+/// parameter bytes in proportion to the device budgets (free memory where uncapped); a single
+/// device with Host params that does not fit gets segments that each fit (per-eval uploads).
+/// Throws Error(OutOfMemory) "MODULE needs X MiB on DEV but the budget leaves Y MiB; try ..."
+/// when a device's predicted peak exceeds its budget; Error(InvalidInput) for more devices
+/// than blocks.
+ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream, const ModuleCosts& costs,
+                       const std::map<std::string, uint64_t>& budgets);
+
+/// The memory table of a plan (one line per module and device, MiB), for printing before a run.
+std::string format_plan(const std::vector<ModulePlan>& plans);
+
+/// Measured peaks per device beside the prediction (after a run).
+std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<std::string, uint64_t>& measured);
+
+}  // namespace easel::placement

@@ -1,0 +1,62 @@
+// The SD1.x/SD2.x UNet run under a placement: what `easel generate` uses for the diffusion
+// module when placement flags are given (--backend with a device list, --params-backend,
+// --max-vram, --stream-layers ...). The plan depends on the job's shapes (latent size,
+// context length), so it is made on the first evaluation and again when the shapes change.
+#pragma once
+
+#include "models/sd/unet.h"
+#include "placement/plan.h"
+#include "runtime/sequence_runner.h"
+
+#include <memory>
+#include <span>
+
+namespace easel::placement {
+
+/// A UNet whose parameters are placed by a ModulePlan (see runtime/sequence_runner.h).
+class PlacedUNet {
+public:
+    /// index/cfg: the UNet's weights and configuration (kept by reference: must outlive this);
+    /// lo: load options (--type); spec: the resolved placement (its diffusion entry is used).
+    PlacedUNet(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, PlacementSpec spec, int threads,
+               bool flash_attn);
+    ~PlacedUNet();
+
+    /// Plans for a batch of `n` latents [n, Cin, h, w] with a context of `tokens` x context_dim
+    /// without loading anything. Throws Error(OutOfMemory) when the plan does not fit.
+    ModulePlan plan(int64_t n, int64_t h, int64_t w, int64_t tokens);
+
+    /// One evaluation: x [n, Cin, h, w], timesteps [n], context [n, tokens, D] (PyTorch order)
+    /// -> prediction [n, Cout, h, w]. Plans and loads on the first call and when the shapes
+    /// change (the plan table is logged). Throws as plan() and SequenceRunner::run().
+    void run(std::span<const float> x, int64_t n, int64_t h, int64_t w, std::span<const float> t, std::span<const float> context,
+             int64_t tokens, std::span<float> out);
+
+    /// The plan in use (empty before the first run()).
+    const ModulePlan& current_plan() const { return plan_; }
+    /// Measured peaks per device of the loaded runner (empty before the first run()).
+    std::map<std::string, uint64_t> peaks() const;
+    /// Stages Host/Disk weights for a phase of several run() calls (the denoising loop).
+    void begin_phase();
+    void end_phase();
+
+private:
+    using Runner = runtime::SequenceRunner<models::sd::UNetInputs, models::sd::UNetState, ggml_tensor*>;
+    std::unique_ptr<Runner> make_runner();
+
+    const io::WeightIndex& index_;
+    models::sd::UNetConfig cfg_;
+    nn::LoadOptions lo_;
+    PlacementSpec spec_;
+    int threads_;
+    bool flash_;
+    nn::TensorSource src_;
+    std::unique_ptr<models::sd::UNet2DCondition> net_;
+    std::unique_ptr<Runner> runner_;
+    ModulePlan plan_;
+    std::array<int64_t, 4> shape_{0, 0, 0, 0};  // n, h, w, tokens of the loaded plan
+    bool phase_ = false;
+    std::map<std::string, uint64_t> peaks_;     // of runners freed when shapes changed
+};
+
+}  // namespace easel::placement

@@ -1,0 +1,334 @@
+// SegmentExecutor (see sequence_runner.h).
+#include "runtime/sequence_runner.h"
+
+#include "core/log.h"
+#include "placement/devices.h"
+
+#include <algorithm>
+#include <thread>
+#include <unordered_set>
+
+namespace easel::runtime {
+
+namespace {
+
+uint64_t param_size(const nn::TensorSource& src, const std::string& name, const nn::Param& p, const nn::LoadOptions& opt) {
+    const io::TensorInfo* t = src.find(name);
+    if (!t) return 0;
+    ggml_type type = nn::choose_param_type(p.role, *t, opt);
+    int64_t n = 1;
+    for (auto d : p.shape) n *= d;
+    const int64_t ne0 = p.shape.empty() ? 1 : p.shape.back();
+    return (uint64_t)ggml_row_size(type, ne0) * (uint64_t)(n / std::max<int64_t>(ne0, 1));
+}
+
+ggml_context* new_ctx(size_t n) {
+    ggml_init_params ip{};
+    ip.mem_size = ggml_tensor_overhead() * (n + 1);
+    ip.no_alloc = true;
+    ggml_context* c = ggml_init(ip);
+    if (!c) fail(ErrorKind::OutOfMemory, "cannot create a ggml context for {} tensors", n);
+    return c;
+}
+
+size_t aligned(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+SegmentExecutor::SegmentExecutor(nn::Block& root, std::vector<std::vector<nn::Param*>> blocks, const nn::TensorSource& src,
+                                 nn::LoadOptions opt, int threads)
+    : root_(root), blocks_(std::move(blocks)), src_(src), opt_(std::move(opt)), threads_(threads) {
+    std::unordered_set<const nn::Param*> in_block;
+    for (auto& b : blocks_)
+        for (auto* p : b) in_block.insert(p);
+    root_.visit_params("", [&](const std::string& name, nn::Param& p) {
+        names_[&p] = name;
+        if (!in_block.count(&p)) rest_.push_back(&p);
+    });
+    for (auto& b : blocks_)
+        for (auto* p : b)
+            if (!names_.count(p)) fail(ErrorKind::Internal, "a block parameter is not in the module's tree");
+}
+
+SegmentExecutor::~SegmentExecutor() {
+    if (in_phase_) end_phase();
+    for (auto& s : segs_) {
+        if (s.staged) ggml_backend_buffer_free(s.staged);
+        if (s.twins) ggml_free(s.twins);
+    }
+    segs_.clear();
+    for (auto& [n, d] : devices_) {
+        for (auto* b : d->slots)
+            if (b) ggml_backend_buffer_free(b);
+        for (auto* e : d->events)
+            if (e) ggml_backend_event_free(e);
+        if (d->galloc) ggml_gallocr_free(d->galloc);
+        if (d->upload) ggml_backend_free(d->upload);
+        if (d->backend) ggml_backend_free(d->backend);
+    }
+    if (fake_ctx_) ggml_free(fake_ctx_);
+}
+
+std::vector<uint64_t> SegmentExecutor::block_bytes() const {
+    std::vector<uint64_t> out;
+    for (auto& b : blocks_) {
+        uint64_t s = 0;
+        for (auto* p : b) s += param_size(src_, names_.at(p), *p, opt_);
+        out.push_back(s);
+    }
+    return out;
+}
+
+uint64_t SegmentExecutor::rest_bytes() const {
+    uint64_t s = 0;
+    for (auto* p : rest_) s += param_size(src_, names_.at(p), *p, opt_);
+    return s;
+}
+
+SegmentExecutor::Device& SegmentExecutor::device(const std::string& name) {
+    auto it = devices_.find(name);
+    if (it != devices_.end()) return *it->second;
+    auto d = std::make_unique<Device>();
+    d->name = name;
+    d->dev = placement::find_device(name);
+    d->backend = ggml_backend_dev_init(d->dev, nullptr);
+    if (!d->backend) fail(ErrorKind::Unsupported, "cannot initialise a backend on device {}", name);
+    if (ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d->dev)) {
+        auto fn = (ggml_backend_set_n_threads_t)ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+        int n = threads_ > 0 ? threads_ : (int)std::max(1u, std::thread::hardware_concurrency());
+        if (fn) fn(d->backend, n);
+    }
+    d->galloc = ggml_gallocr_new(ggml_backend_dev_buffer_type(d->dev));
+    auto& ref = *d;
+    devices_[name] = std::move(d);
+    return ref;
+}
+
+void SegmentExecutor::note(Device& d) {
+    uint64_t& p = peaks_[d.name];
+    p = std::max<uint64_t>(p, d.params + d.staged + d.compute);
+}
+
+void SegmentExecutor::load(const placement::ModulePlan& plan) {
+    if (loaded_) fail(ErrorKind::Internal, "SequenceRunner::load called twice");
+    plan_ = plan;
+    segs_.clear();
+    segs_.resize(plan.segments.size());
+    // which devices host a Host residency copy: the params location ("CPU" = pinned host memory
+    // of the runtime device where it has one)
+    std::map<std::string, uint64_t> slot_bytes;
+    for (size_t j = 0; j < plan.segments.size(); ++j) {
+        Seg& s = segs_[j];
+        s.plan = plan.segments[j];
+        if (s.plan.end > (int)blocks_.size() || s.plan.begin < 0 || s.plan.begin > s.plan.end)
+            fail(ErrorKind::Internal, "plan segment {}-{} outside the {} blocks", s.plan.begin, s.plan.end, blocks_.size());
+        for (int i = s.plan.begin; i < s.plan.end; ++i) s.params.insert(s.params.end(), blocks_[(size_t)i].begin(), blocks_[(size_t)i].end());
+        if (s.plan.prologue || s.plan.epilogue) s.params.insert(s.params.end(), rest_.begin(), rest_.end());
+        std::unordered_set<std::string> keep;
+        for (auto* p : s.params) keep.insert(names_.at(p));
+        auto filter = [&](const std::string& n, const nn::Param&) { return keep.count(n) > 0; };
+        Device& d = device(s.plan.device);
+        auto record = [&] {
+            s.bind.clear();
+            for (auto* p : s.params) s.bind.emplace_back(p, p->tensor);
+        };
+        if (s.plan.residency == placement::Residency::Device) {
+            s.own = nn::ParamBuffer::load_subset(root_, src_, ggml_backend_dev_buffer_type(d.dev), opt_, filter);
+            record();
+            d.params += s.own.size();
+            note(d);
+        } else if (s.plan.residency == placement::Residency::Host) {
+            ggml_backend_buffer_type_t hb = nullptr;
+            ggml_backend_dev_t pdev = placement::find_device(plan.params_location);
+            if (ggml_backend_dev_type(pdev) == GGML_BACKEND_DEVICE_TYPE_CPU) hb = ggml_backend_dev_host_buffer_type(d.dev);
+            if (!hb) hb = ggml_backend_dev_buffer_type(pdev);
+            s.own = nn::ParamBuffer::load_subset(root_, src_, hb, opt_, filter);
+            record();
+            // device twins: same types and shapes, allocated in a slot (per-eval) or per phase
+            s.twins = new_ctx(s.bind.size());
+            for (auto& [p, t] : s.bind) {
+                if (!t) continue;
+                ggml_tensor* tw = ggml_new_tensor(s.twins, t->type, 4, t->ne);
+                ggml_set_name(tw, t->name);
+                s.copies.emplace_back(tw, t);
+            }
+            if (s.plan.per_eval) {
+                const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
+                const size_t align = ggml_backend_buft_get_alignment(buft);
+                size_t off = 0;
+                for (auto& [tw, t] : s.copies) off = aligned(off, align) + ggml_backend_buft_get_alloc_size(buft, tw);
+                slot_bytes[d.name] = std::max<uint64_t>(slot_bytes[d.name], aligned(off, align));
+            }
+        }
+    }
+    // slots, then twins placed in them (per-eval segments of a device alternate between two)
+    for (auto& [name, bytes] : slot_bytes) {
+        Device& d = device(name);
+        const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
+        for (auto& b : d.slots) {
+            b = ggml_backend_buft_alloc_buffer(buft, std::max<uint64_t>(bytes, 1));
+            if (!b) fail(ErrorKind::OutOfMemory, "cannot allocate a {:.1f} MiB streaming slot on {}", bytes / 1048576.0, name);
+            d.params += ggml_backend_buffer_get_size(b);
+        }
+        note(d);
+        ggml_backend_dev_props props;
+        ggml_backend_dev_get_props(d.dev, &props);
+        if (props.caps.async && props.caps.events) {
+            d.upload = ggml_backend_dev_init(d.dev, nullptr);
+            for (auto& e : d.events) e = ggml_backend_event_new(d.dev);
+            if (!d.upload || !d.events[0] || !d.events[1]) {
+                log::warn("{}: no second stream/events; uploads of streamed blocks will not overlap compute", name);
+                for (auto& e : d.events)
+                    if (e) ggml_backend_event_free(e), e = nullptr;
+                if (d.upload) ggml_backend_free(d.upload), d.upload = nullptr;
+            }
+        }
+    }
+    std::map<std::string, int> next_slot;
+    for (auto& s : segs_) {
+        if (!s.plan.per_eval) continue;
+        Device& d = device(s.plan.device);
+        s.slot = next_slot[d.name]++ % 2;
+        const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(d.dev));
+        char* base = (char*)ggml_backend_buffer_get_base(d.slots[s.slot]);
+        size_t off = 0;
+        for (auto& [tw, t] : s.copies) {
+            off = aligned(off, align);
+            if (ggml_backend_tensor_alloc(d.slots[s.slot], tw, base + off) != GGML_STATUS_SUCCESS)
+                fail(ErrorKind::Internal, "cannot place {} in the streaming slot of {}", tw->name, d.name);
+            off += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(d.dev), tw);
+        }
+    }
+    // Host segments: bind each parameter to the device twin of its host tensor
+    for (auto& s : segs_) {
+        if (s.plan.residency != placement::Residency::Host) continue;
+        std::unordered_map<const ggml_tensor*, ggml_tensor*> twin_of;
+        for (auto& [tw, t] : s.copies) twin_of[t] = tw;
+        for (auto& [p, t] : s.bind) t = t ? twin_of.at(t) : nullptr;  // host tensor -> its twin
+    }
+    // Param::tensor now points at the last loaded buffer; every graph installs its segment's binding
+    loaded_ = true;
+}
+
+void SegmentExecutor::install(Seg& s) {
+    for (auto& [p, t] : s.bind) p->tensor = t;
+}
+
+void SegmentExecutor::begin_phase() {
+    if (in_phase_) return;
+    for (auto& s : segs_) {
+        Device& d = device(s.plan.device);
+        if (s.plan.residency == placement::Residency::Disk) {
+            std::unordered_set<std::string> keep;
+            for (auto* p : s.params) keep.insert(names_.at(p));
+            s.own = nn::ParamBuffer::load_subset(root_, src_, ggml_backend_dev_buffer_type(d.dev), opt_,
+                                                 [&](const std::string& n, const nn::Param&) { return keep.count(n) > 0; });
+            s.bind.clear();
+            for (auto* p : s.params) s.bind.emplace_back(p, p->tensor);
+            d.staged += s.own.size();
+            note(d);
+        } else if (s.plan.residency == placement::Residency::Host && !s.plan.per_eval) {
+            s.staged = ggml_backend_alloc_ctx_tensors_from_buft(s.twins, ggml_backend_dev_buffer_type(d.dev));
+            if (!s.staged && !s.copies.empty())
+                fail(ErrorKind::OutOfMemory, "cannot stage {:.1f} MiB of parameters on {}", s.plan.param_bytes / 1048576.0, d.name);
+            if (s.staged) d.staged += ggml_backend_buffer_get_size(s.staged);
+            note(d);
+            upload(s, nullptr);
+        }
+    }
+    in_phase_ = true;
+}
+
+void SegmentExecutor::end_phase() {
+    if (!in_phase_) return;
+    for (auto& s : segs_) {
+        Device& d = device(s.plan.device);
+        if (s.plan.residency == placement::Residency::Disk) {
+            d.staged -= std::min<uint64_t>(d.staged, s.own.size());
+            s.own = nn::ParamBuffer();
+            for (auto& [p, t] : s.bind) t = nullptr;
+        } else if (s.staged) {
+            d.staged -= std::min<uint64_t>(d.staged, ggml_backend_buffer_get_size(s.staged));
+            ggml_backend_buffer_free(s.staged);
+            s.staged = nullptr;
+            // twins keep stale buffer pointers: recreate them for the next phase
+            ggml_context* fresh = new_ctx(s.copies.size());
+            std::unordered_map<ggml_tensor*, ggml_tensor*> remap;
+            for (auto& [tw, t] : s.copies) {
+                ggml_tensor* n = ggml_new_tensor(fresh, t->type, 4, t->ne);
+                ggml_set_name(n, t->name);
+                remap[tw] = n;
+                tw = n;
+            }
+            for (auto& [p, t] : s.bind)
+                if (t) t = remap.at(t);
+            ggml_free(s.twins);
+            s.twins = fresh;
+        }
+        s.prefetched = false;
+    }
+    in_phase_ = false;
+}
+
+void SegmentExecutor::upload(Seg& s, ggml_backend_t via) {
+    for (auto& [tw, t] : s.copies) {
+        if (t->buffer && ggml_backend_buffer_is_host(t->buffer)) {
+            if (via) ggml_backend_tensor_set_async(via, tw, t->data, 0, ggml_nbytes(t));
+            else ggml_backend_tensor_set(tw, t->data, 0, ggml_nbytes(t));
+        } else {
+            ggml_backend_tensor_copy(t, tw);
+        }
+    }
+}
+
+void SegmentExecutor::prepare(size_t j) {
+    Seg& s = segs_[j];
+    if (!s.plan.per_eval) return;
+    Device& d = device(s.plan.device);
+    if (s.prefetched) {
+        ggml_backend_event_wait(d.backend, d.events[s.slot]);
+        s.prefetched = false;
+        return;
+    }
+    upload(s, nullptr);
+}
+
+void SegmentExecutor::prefetch_after(size_t j) {
+    Device& d = device(segs_[j].plan.device);
+    if (!d.upload) return;
+    for (size_t k = j + 1; k < segs_.size(); ++k) {
+        Seg& n = segs_[k];
+        if (n.plan.device != d.name) return;
+        if (!n.plan.per_eval) continue;
+        if (segs_[j].plan.per_eval && n.slot == segs_[j].slot) return;  // slot still in use
+        upload(n, d.upload);
+        ggml_backend_event_record(d.events[n.slot], d.upload);
+        n.prefetched = true;
+        ++prefetched_;
+        return;
+    }
+}
+
+void SegmentExecutor::install_fake() {
+    if (!fake_ctx_) {
+        fake_ctx_ = new_ctx(names_.size());
+        alignas(64) static char dummy[64];
+        for (auto& [p, name] : names_) {
+            const io::TensorInfo* t = src_.find(name);
+            if (!t) continue;
+            int64_t ne[4] = {1, 1, 1, 1};
+            for (size_t i = 0; i < p->shape.size() && i < 4; ++i) ne[i] = p->shape[p->shape.size() - 1 - i];
+            ggml_tensor* f = ggml_new_tensor(fake_ctx_, nn::choose_param_type(p->role, *t, opt_), 4, ne);
+            ggml_set_name(f, name.c_str());
+            f->data = dummy;  // "allocated" for ggml-alloc; never read (the graph is only measured)
+            saved_.emplace_back(const_cast<nn::Param*>(p), f);
+        }
+    }
+    for (auto& [p, f] : saved_) std::swap(p->tensor, f);
+}
+
+void SegmentExecutor::restore_fake() {
+    for (auto& [p, f] : saved_) std::swap(p->tensor, f);
+}
+
+}  // namespace easel::runtime

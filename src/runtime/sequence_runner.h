@@ -1,0 +1,341 @@
+// SequenceRunner: runs an nn::Sequence under a placement::ModulePlan.
+//
+// Each plan segment (blocks [begin, end) on one device, with the prologue and/or epilogue when
+// it is the first / last) is one ggml graph on that device's backend. Between segments the
+// State crosses as host bytes of every tensor State::visit_tensors names (type and shape kept,
+// so I32 tensors stay I32): the next segment starts from fresh inputs of the same shapes.
+// Parameters of a segment are
+//   * Device:  loaded from the file onto its device by load(),
+//   * Host:    loaded into host RAM (pinned where the device offers a host buffer type) or the
+//              --params-backend device by load(); copied to the runtime device for a phase, or,
+//              for per-eval segments (streaming, --max-vram segments), uploaded into one of the
+//              device's two slot buffers before each evaluation; where the device has events
+//              the next segment is uploaded on a second backend (stream) while this one computes,
+//   * Disk:    read from the file onto the device when a phase begins, freed when it ends.
+// A phase is begin_phase() .. end_phase() (e.g. the whole denoising loop); run() outside a
+// phase is a phase of its own.
+//
+// Typical use:
+//   runtime::SequenceRunner<UNetInputs, UNetState, ggml_tensor*> r(unet, unet, src, opt);
+//   auto costs = r.costs(make_inputs, select);          // bytes per block + measured compute
+//   auto plan = placement::plan_module(PModule::Diffusion, spec[...], stream, costs, budgets);
+//   r.load(plan);
+//   auto out = r.run(make_inputs, select);              // HostTensor per selected output
+#pragma once
+
+#include "core/error.h"
+#include "nn/sequence.h"
+#include "placement/plan.h"
+#include "runtime/graph_runner.h"
+
+#include <ggml-alloc.h>
+#include <ggml-backend.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace easel::runtime {
+
+/// The non-template part: devices, parameter buffers, slots, uploads, accounting.
+class SegmentExecutor {
+public:
+    /// root: the module's Block tree; blocks[i]: the parameters of block i (by address);
+    /// src/opt: where parameters are read from (kept by reference: must outlive this object).
+    SegmentExecutor(nn::Block& root, std::vector<std::vector<nn::Param*>> blocks, const nn::TensorSource& src,
+                    nn::LoadOptions opt, int threads);
+    ~SegmentExecutor();
+    SegmentExecutor(const SegmentExecutor&) = delete;
+    SegmentExecutor& operator=(const SegmentExecutor&) = delete;
+
+    /// Parameter bytes per block and outside the blocks (ggml_row_size of the types load() will
+    /// choose), for placement::ModuleCosts.
+    std::vector<uint64_t> block_bytes() const;
+    uint64_t rest_bytes() const;
+
+    /// Allocates and loads what the plan keeps resident (Device and Host residency, slots).
+    /// Throws as nn::ParamBuffer::load (ModelMismatch, OutOfMemory) and Error(InvalidInput)
+    /// for an unknown device name.
+    void load(const placement::ModulePlan& plan);
+    const placement::ModulePlan& plan() const { return plan_; }
+    bool loaded() const { return loaded_; }
+
+    /// Stages Host (non-per-eval) and Disk segments onto their devices until end_phase().
+    void begin_phase();
+    void end_phase();
+    bool in_phase() const { return in_phase_; }
+
+    /// Largest bytes allocated on each device at one time (parameters, slots, staged copies,
+    /// compute buffer) since load() — the measured peak beside the plan's prediction.
+    const std::map<std::string, uint64_t>& peaks() const { return peaks_; }
+
+    /// Segments whose next upload overlapped the previous compute (backends with events).
+    int prefetched_uploads() const { return prefetched_; }
+
+protected:
+    struct Device {
+        std::string name;
+        ggml_backend_dev_t dev = nullptr;
+        ggml_backend_t backend = nullptr;
+        ggml_backend_t upload = nullptr;         // second backend (stream) for prefetch, or null
+        ggml_backend_event_t events[2] = {nullptr, nullptr};
+        ggml_gallocr_t galloc = nullptr;
+        ggml_backend_buffer_t slots[2] = {nullptr, nullptr};
+        uint64_t params = 0, staged = 0, compute = 0;  // bytes now
+    };
+    struct Seg {
+        placement::Segment plan;
+        std::vector<nn::Param*> params;                       // its parameter set
+        std::vector<std::pair<nn::Param*, ggml_tensor*>> bind;  // tensors to install while building its graph
+        nn::ParamBuffer own;                                  // Device: on the device; Host: host copy; Disk: staged
+        ggml_context* twins = nullptr;                        // device twins of a Host segment
+        std::vector<std::pair<ggml_tensor*, ggml_tensor*>> copies;  // (twin, host source)
+        ggml_backend_buffer_t staged = nullptr;               // Host non-per-eval: its device copy for the phase
+        int slot = -1;                                        // per-eval: slot index
+        bool prefetched = false;
+    };
+
+    Device& device(const std::string& name);
+    void install(Seg& s);
+    /// Makes segment j's parameters present on its device (uploading a per-eval segment unless
+    /// it was prefetched); call before building its graph.
+    void prepare(size_t j);
+    /// Starts uploading the next per-eval segment after j on the same device (if the backend
+    /// has events); call after launching segment j's compute.
+    void prefetch_after(size_t j);
+    void upload(Seg& s, ggml_backend_t via);
+    void note(Device& d);
+    /// Installs made-up parameter tensors (types as load() would choose, data pointer set, no
+    /// buffer) so graphs can be built and measured before anything is loaded; restore after.
+    void install_fake();
+    void restore_fake();
+
+    nn::Block& root_;
+    std::vector<std::vector<nn::Param*>> blocks_;
+    std::vector<nn::Param*> rest_;
+    std::unordered_map<const nn::Param*, std::string> names_;
+    const nn::TensorSource& src_;
+    nn::LoadOptions opt_;
+    int threads_;
+    placement::ModulePlan plan_;
+    std::vector<Seg> segs_;
+    std::map<std::string, std::unique_ptr<Device>> devices_;
+    std::map<std::string, uint64_t> peaks_;
+    bool loaded_ = false, in_phase_ = false;
+    int prefetched_ = 0;
+    ggml_context* fake_ctx_ = nullptr;
+    std::vector<std::pair<nn::Param*, ggml_tensor*>> saved_;
+};
+
+/// Raw bytes of one state tensor crossing a segment boundary.
+struct StateTensor {
+    std::string name;
+    ggml_type type = GGML_TYPE_F32;
+    std::vector<int64_t> ne;
+    std::vector<uint8_t> bytes;
+};
+
+/// Runs a Sequence<I, S, O> under a plan (see the file comment).
+template <class I, class S, class O>
+class SequenceRunner : public SegmentExecutor {
+public:
+    using Seq = nn::Sequence<I, S, O>;
+    /// Declares the graph inputs (with host data) and returns the Inputs.
+    using InputsFn = std::function<I(GraphBuilder&)>;
+    /// Picks the output tensors (read back as F32) from the epilogue's Outputs.
+    using SelectFn = std::function<std::vector<ggml_tensor*>(O&)>;
+
+    /// root: the Block owning every parameter of seq (usually the same object).
+    SequenceRunner(nn::Block& root, const Seq& seq, const nn::TensorSource& src, nn::LoadOptions opt = {}, int threads = 0,
+                   bool flash_attn = false)
+        : SegmentExecutor(root, block_sets(seq), src, std::move(opt), threads), seq_(seq), flash_(flash_attn) {}
+
+    /// Costs for the planner: parameter bytes, and a measure function building the graph of any
+    /// block range at the shapes make_inputs declares (ggml_gallocr_reserve_n_size; nothing is
+    /// allocated). `label` describes the module in the plan table.
+    placement::ModuleCosts costs(InputsFn make_inputs, SelectFn select, std::string label) {
+        placement::ModuleCosts c;
+        c.label = std::move(label);
+        c.block_bytes = block_bytes();
+        c.prologue_bytes = rest_bytes();
+        c.measure = [this, make_inputs, select](int b, int e, bool pro, bool epi, const std::string& dev) {
+            return measure(make_inputs, select, b, e, pro, epi, dev);
+        };
+        return c;
+    }
+
+    /// One evaluation: prologue, every segment on its device, epilogue; returns the selected
+    /// outputs as F32. Throws Error(InvalidInput) when not loaded, Error(OutOfMemory) when a
+    /// compute buffer cannot be allocated, Error(Unsupported) for an operation the device lacks.
+    std::vector<HostTensor> run(const InputsFn& make_inputs, const SelectFn& select, size_t max_nodes = 32768) {
+        if (!loaded_) fail(ErrorKind::InvalidInput, "SequenceRunner::run before load()");
+        const bool own_phase = !in_phase_;
+        if (own_phase) begin_phase();
+        std::vector<StateTensor> state;
+        std::optional<S> tmpl;
+        std::vector<HostTensor> result;
+        for (size_t j = 0; j < segs_.size(); ++j) {
+            Seg& sg = segs_[j];
+            Device& d = device(sg.plan.device);
+            prepare(j);
+            install(sg);
+            Graph g(max_nodes);
+            GraphBuilder gb(g.ctx, d.backend);
+            nn::Ctx c{g.ctx, flash_, d.backend};
+            S s = sg.plan.prologue ? seq_.prologue(c, make_inputs(gb)) : from_state(gb, *tmpl, state);
+            s = seq_.forward_range(c, std::move(s), sg.plan.begin, sg.plan.end);
+            std::vector<ggml_tensor*> outs;
+            std::vector<std::string> names;
+            if (sg.plan.epilogue) {
+                O o = seq_.epilogue(c, s);
+                for (ggml_tensor* t : select(o)) outs.push_back(as_f32(g.ctx, t));
+            } else {
+                s.visit_tensors([&](const char* name, ggml_tensor*& t) {
+                    names.push_back(name);
+                    outs.push_back((t->view_src || !ggml_is_contiguous(t)) ? ggml_cont(g.ctx, t) : t);
+                });
+                tmpl = s;
+            }
+            ggml_cgraph* gf = g.graph(outs, max_nodes);
+            check_ops(d, gf);
+            if (!ggml_gallocr_alloc_graph(d.galloc, gf))
+                fail(ErrorKind::OutOfMemory, "cannot allocate the compute buffer on {} for blocks {}-{}", d.name, sg.plan.begin, sg.plan.end);
+            d.compute = ggml_gallocr_get_buffer_size(d.galloc, 0);
+            note(d);
+            for (auto& in : gb.inputs())
+                if (in.t->buffer) ggml_backend_tensor_set(in.t, in.bytes.data(), 0, in.bytes.size());
+            ggml_status st = ggml_backend_graph_compute_async(d.backend, gf);
+            prefetch_after(j);
+            ggml_backend_synchronize(d.backend);
+            if (st != GGML_STATUS_SUCCESS)
+                fail(ErrorKind::Internal, "graph compute on {} failed (status {})", d.name, (int)st);
+            if (sg.plan.epilogue) {
+                for (ggml_tensor* t : outs) {
+                    HostTensor h;
+                    h.name = t->name;
+                    for (int k = 0; k < 4; ++k) h.ne[k] = t->ne[k];
+                    h.data.resize((size_t)ggml_nelements(t));
+                    ggml_backend_tensor_get(t, h.data.data(), 0, h.data.size() * sizeof(float));
+                    result.push_back(std::move(h));
+                }
+            } else {
+                state.clear();
+                for (size_t k = 0; k < outs.size(); ++k) {
+                    StateTensor st2;
+                    st2.name = names[k];
+                    st2.type = outs[k]->type;
+                    st2.ne.assign(outs[k]->ne, outs[k]->ne + 4);
+                    st2.bytes.resize(ggml_nbytes(outs[k]));
+                    ggml_backend_tensor_get(outs[k], st2.bytes.data(), 0, st2.bytes.size());
+                    state.push_back(std::move(st2));
+                }
+            }
+        }
+        if (own_phase) end_phase();
+        return result;
+    }
+
+private:
+    static std::vector<std::vector<nn::Param*>> block_sets(const Seq& seq) {
+        std::vector<std::vector<nn::Param*>> out((size_t)seq.n_blocks());
+        for (int i = 0; i < seq.n_blocks(); ++i)
+            const_cast<nn::Block&>(seq.block_params(i)).visit_params("", [&](const std::string&, nn::Param& p) { out[(size_t)i].push_back(&p); });
+        return out;
+    }
+
+    /// A no_alloc context and graph.
+    struct Graph {
+        ggml_context* ctx = nullptr;
+        explicit Graph(size_t max_nodes) {
+            ggml_init_params ip{};
+            ip.mem_size = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false);
+            ip.no_alloc = true;
+            ctx = ggml_init(ip);
+            if (!ctx) fail(ErrorKind::OutOfMemory, "cannot create a graph context for {} nodes", max_nodes);
+        }
+        ~Graph() { ggml_free(ctx); }
+        ggml_cgraph* graph(const std::vector<ggml_tensor*>& outs, size_t max_nodes) {
+            ggml_cgraph* gf = ggml_new_graph_custom(ctx, max_nodes, false);
+            for (ggml_tensor* o : outs) {
+                ggml_set_output(o);
+                ggml_build_forward_expand(gf, o);
+            }
+            return gf;
+        }
+    };
+
+    static ggml_tensor* as_f32(ggml_context* ctx, ggml_tensor* t) {
+        if (!t) fail(ErrorKind::Internal, "SequenceRunner: an output selected is null");
+        if (t->type != GGML_TYPE_F32) return ggml_cast(ctx, t, GGML_TYPE_F32);
+        if (t->view_src || !ggml_is_contiguous(t)) return ggml_cont(ctx, t);
+        return t;
+    }
+
+    static void check_ops(Device& d, ggml_cgraph* gf) {
+        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+            ggml_tensor* node = ggml_graph_node(gf, i);
+            if (!ggml_backend_supports_op(d.backend, node))
+                fail(ErrorKind::Unsupported, "device {} cannot run operation {} ({}) of type {}", d.name, ggml_op_desc(node), node->name,
+                     ggml_type_name(node->type));
+        }
+    }
+
+    /// A State of `tmpl`'s structure whose tensors are new inputs holding `state`'s bytes.
+    static S from_state(GraphBuilder& gb, const S& tmpl, const std::vector<StateTensor>& state) {
+        S s = tmpl;
+        size_t k = 0;
+        s.visit_tensors([&](const char* name, ggml_tensor*& t) {
+            if (k >= state.size()) fail(ErrorKind::Internal, "state tensor {} has no value from the previous segment", name);
+            const StateTensor& v = state[k++];
+            t = gb.input_raw(v.name, v.type, v.ne, v.bytes);
+        });
+        if (k != state.size()) fail(ErrorKind::Internal, "state has {} tensors, the previous segment gave {}", k, state.size());
+        return s;
+    }
+
+    uint64_t measure(const InputsFn& make_inputs, const SelectFn& select, int b, int e, bool pro, bool epi, const std::string& dev) {
+        const size_t max_nodes = 32768;
+        install_fake();
+        struct Restore {
+            SequenceRunner* x;
+            ~Restore() { x->restore_fake(); }
+        } restore{this};
+        Graph g(max_nodes);
+        GraphBuilder gb(g.ctx, nullptr);
+        nn::Ctx c{g.ctx, flash_, nullptr};
+        S s = seq_.prologue(c, make_inputs(gb));
+        if (!pro) {
+            s = seq_.forward_range(c, std::move(s), 0, b);
+            s.visit_tensors([&](const char* name, ggml_tensor*& t) {
+                ggml_tensor* in = ggml_new_tensor(g.ctx, t->type, 4, t->ne);
+                ggml_set_name(in, name);
+                ggml_set_input(in);
+                t = in;
+            });
+        }
+        s = seq_.forward_range(c, std::move(s), b, e);
+        std::vector<ggml_tensor*> outs;
+        if (epi) {
+            O o = seq_.epilogue(c, s);
+            for (ggml_tensor* t : select(o)) outs.push_back(as_f32(g.ctx, t));
+        } else {
+            s.visit_tensors([&](const char*, ggml_tensor*& t) {
+                outs.push_back((t->view_src || !ggml_is_contiguous(t)) ? ggml_cont(g.ctx, t) : t);
+            });
+        }
+        ggml_cgraph* gf = g.graph(outs, max_nodes);
+        ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_dev_buffer_type(device(dev).dev));
+        size_t size = 0;
+        ggml_gallocr_reserve_n_size(ga, gf, nullptr, nullptr, &size);
+        ggml_gallocr_free(ga);
+        return size;
+    }
+
+    const Seq& seq_;
+    bool flash_;
+};
+
+}  // namespace easel::runtime
