@@ -11,6 +11,9 @@
 //             12 heads, vocab 49408, 77 positions, quick_gelu)
 //   vae       diffusers AutoencoderKL decoder (block_out_channels 128/256/512/512, 4 latent
 //             channels, post_quant_conv)
+//   qwen3     (only with --only qwen3) transformers Qwen3ForCausalLM, Qwen3-4B architecture (the
+//             Z-Image / FLUX.2 klein-4B text encoder: hidden 2560, 36 layers, 32 heads, 8 kv heads,
+//             head_dim 128, intermediate 9728, vocab 151936): one 512-token prompt encoding
 // Each is run once to warm up, then --reps times; the median wall time is reported with the
 // measured compute buffer (runtime::GraphRunner::last_compute_bytes) and parameter bytes.
 //
@@ -21,12 +24,14 @@
 #include "easel_version.h"
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
+#include "models/qwen3/qwen3.h"
 #include "models/sd/unet.h"
 #include "models/vae/autoencoder_kl.h"
 #include "nn/block.h"
 #include "pipeline/generate.h"
 #include "placement/devices.h"
 #include "runtime/graph_runner.h"
+#include "text/qwen_tokenizer.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -451,6 +456,70 @@ json bench_te(const Options& o, runtime::GraphRunner& run) {
     return r;
 }
 
+/// The Qwen3-4B architecture (config.json of Qwen/Qwen3-4B: hidden_size 2560, num_hidden_layers 36,
+/// num_attention_heads 32, num_key_value_heads 8, head_dim 128, intermediate_size 9728,
+/// vocab_size 151936, rope_theta 1e6, rms_norm_eps 1e-6), the text encoder of Z-Image and
+/// FLUX.2 klein-4B.
+models::qwen3::Qwen3Config qwen3_4b_config() {
+    models::qwen3::Qwen3Config c;
+    c.vocab = 151936;
+    c.hidden = 2560;
+    c.layers = 36;
+    c.heads = 32;
+    c.kv_heads = 8;
+    c.head_dim = 128;
+    c.intermediate = 9728;
+    return c;
+}
+
+/// Qwen3-4B prompt encoding: a real prompt through the Qwen3 chat template and tokenizer, right-
+/// padded with <|endoftext|> to 512 tokens (Z-Image's and klein's max_sequence_length) with the
+/// padding masked, batch 1; output hidden_states[-2] (Z-Image's choice: 35 of the 36 layers run).
+/// Matmul weights F16 or Q8_0 (--type).
+json bench_qwen3(const Options& o, runtime::GraphRunner& run) {
+    namespace q3 = models::qwen3;
+    auto t_write = Clock::now();
+    TempFile tmp{temp_path(o, "qwen3")};
+    int64_t count;
+    {
+        q3::Qwen3Model shape_only(qwen3_4b_config());
+        count = write_made_up_safetensors(tmp.path, tensors_of(shape_only, "model."), o.seed);
+    }
+    const double write_s = seconds_since(t_write);
+    auto t_load = Clock::now();
+    io::WeightIndex idx = io::WeightIndex::open(tmp.path);
+    q3::Qwen3RunOptions ro;
+    ro.device = run.device();
+    ro.threads = o.threads;
+    ro.flash_attn = o.flash;
+    ro.weight_type = o.type == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+    q3::Qwen3TextEncoder te(idx, ro);
+    const double load_s = seconds_since(t_load);
+    const auto& cfg = te.config();
+    fmt::print("  qwen3: hidden {}, {} layers, {} heads / {} kv heads, head_dim {}, intermediate {}, vocab {} ({} parameters); "
+               "written in {:.1f} s, loaded in {:.1f} s\n",
+               cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, count, write_s, load_s);
+
+    const int64_t L = 512;
+    const auto& tok = text::QwenTokenizer::builtin();
+    std::vector<int32_t> ids = tok.encode(text::QwenTokenizer::chat_prompt(
+        "a photograph of a red fox sitting in a snowy forest at dawn, soft golden light, shallow depth of field", false));
+    const size_t n_tokens = ids.size();
+    std::vector<int32_t> mask(ids.size(), 1);
+    ids.resize((size_t)L, text::QwenTokenizer::kEndOfText);
+    mask.resize((size_t)L, 0);
+    const std::vector<int> index{-2};
+    json r = time_runs(o, te.runner(), [&] { return te.run(ids, mask, 1, L, index)[0]; });
+    r["what"] = "qwen3";
+    r["type"] = o.type;
+    r["param_bytes"] = te.param_bytes();
+    r["param_count"] = count;
+    r["input"] = fmt::format("{} prompt tokens right-padded to {} (masked), batch 1; output hidden_states[-2]", n_tokens, L);
+    r["write_s"] = write_s;
+    r["load_s"] = load_s;
+    return r;
+}
+
 json bench_vae(const Options& o, runtime::GraphRunner& run) {
     const int64_t lat = o.size / 8;
     auto t_write = Clock::now();
@@ -551,8 +620,9 @@ int main_impl(int argc, char** argv) {
     app.add_option("-t,--threads", o.threads, "CPU threads (0: all hardware threads)")->check(CLI::NonNegativeNumber);
     app.add_option("--reps", o.reps, "timed repetitions after the warm-up runs (default 3)")->check(CLI::Range(1, 1000));
     app.add_option("--warmup", o.warmup, "untimed warm-up runs before the timed ones (default 1)")->check(CLI::Range(0, 100));
-    app.add_option("--only", o.only, "run only one module: unet, te or vae")->check(CLI::IsMember({"unet", "te", "vae"}));
-    app.add_option("--type", o.type, "UNet matmul weight type: f16 or q8_0 (default f16)")->check(CLI::IsMember({"f16", "q8_0"}));
+    app.add_option("--only", o.only, "run only one module: unet, te or vae; or qwen3 (Qwen3-4B prompt encoding, never run by default)")
+        ->check(CLI::IsMember({"unet", "te", "vae", "qwen3"}));
+    app.add_option("--type", o.type, "UNet / qwen3 matmul weight type: f16 or q8_0 (default f16)")->check(CLI::IsMember({"f16", "q8_0"}));
     app.add_option("--size", o.size, "image side in pixels (default 512; latent side = size / 8)")
         ->check(CLI::Range(64, 4096));
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
@@ -599,6 +669,7 @@ int main_impl(int argc, char** argv) {
         if (o.only.empty() || o.only == "te") results.push_back(bench_te(o, run)), print_result(results.back());
         if (o.only.empty() || o.only == "unet") results.push_back(bench_unet(o, run)), print_result(results.back());
         if (o.only.empty() || o.only == "vae") results.push_back(bench_vae(o, run)), print_result(results.back());
+        if (o.only == "qwen3") results.push_back(bench_qwen3(o, run)), print_result(results.back());
     }
     doc["results"] = results;
     if (!o.json_path.empty()) {

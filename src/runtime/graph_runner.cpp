@@ -107,7 +107,11 @@ std::vector<HostTensor> GraphRunner::run(const BuildFn& build, size_t max_nodes)
     }
 
     if (!galloc_) galloc_ = ggml_gallocr_new(buffer_type());
-    if (!ggml_gallocr_alloc_graph(galloc_, gf))
+    // Plan the allocation for this graph every time: ggml_gallocr_alloc_graph alone reuses the
+    // previous plan when node count and shapes match, without comparing output flags, so a graph
+    // that differs from the last one only in which intermediate tensors are outputs (e.g. other
+    // hidden-state indices of a text encoder) would get its outputs overwritten.
+    if (!ggml_gallocr_reserve(galloc_, gf) || !ggml_gallocr_alloc_graph(galloc_, gf))
         fail(ErrorKind::OutOfMemory, "cannot allocate the compute buffer on {} for a graph of {} nodes",
              ggml_backend_name(backend_), ggml_graph_n_nodes(gf));
     last_compute_bytes_ = ggml_gallocr_get_buffer_size(galloc_, 0);

@@ -100,7 +100,7 @@ Qwen3Config infer_config(const io::WeightIndex& index, const Qwen3Keys& keys, co
 nn::TensorSource make_tensor_source(const io::WeightIndex& index, const Qwen3Keys& keys, const Qwen3Config& cfg);
 
 /// Load options ignoring what a text encoder does not use: lm_head.weight / output.weight,
-/// rotary inv_freq buffers, and layers beyond cfg.layers.
+/// rotary inv_freq buffers, layers beyond cfg.layers, and reference-fixture entries ("__*").
 nn::LoadOptions default_load_options(const Qwen3Keys& keys, const Qwen3Config& cfg, const io::WeightIndex& index);
 
 /// Graph inputs.
