@@ -330,6 +330,15 @@ TEST(Qwen3Text, BadInputIsAnError) {
     auto bad = r.ids;
     bad[3] = 1000;
     EXPECT_THROW(te.run(bad, r.mask, r.B, r.L, kAll), Error);
+    // only the first 3 layers built and loaded: a 3-layer model (index 4 no longer exists)
+    q3::Qwen3RunOptions three = opt;
+    three.overrides.layers = 3;
+    q3::Qwen3TextEncoder te3(r.idx, three);
+    EXPECT_EQ(te3.model().n_blocks(), 3);
+    EXPECT_LT(max_abs_diff(te3.run(r.ids, r.mask, r.B, r.L, std::vector<int>{2})[0].data, r.out("hidden_states.2")), 1e-4f);
+    EXPECT_THROW(te3.run(r.ids, r.mask, r.B, r.L, std::vector<int>{4}), Error);
+    three.overrides.layers = 5;
+    EXPECT_THROW(q3::Qwen3TextEncoder(r.idx, three), Error);
     // a file that holds no Qwen3 model
     auto clip = io::WeightIndex::open(ref_path("clip_text_sd15_tiny.safetensors"));
     EXPECT_FALSE(q3::find_qwen3(clip));

@@ -70,7 +70,10 @@ struct Qwen3Config {
 struct Qwen3Overrides {
     std::optional<float> eps;
     std::optional<float> rope_theta;
-    std::optional<int> layers;  ///< use only the first n layers (e.g. Z-Image never needs the last one)
+    /// Build and load only the first n layers (the rest of the file is ignored). The model is
+    /// then an n-layer model: hidden-state index n means norm(output of layer n-1), and -2 the raw
+    /// output of layer n-2, so keep the full depth when HF indices of the full model are wanted.
+    std::optional<int> layers;
 };
 
 /// Reads rms_norm_eps and rope_theta (or rope_parameters.rope_theta) from a transformers
