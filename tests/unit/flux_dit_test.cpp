@@ -8,7 +8,13 @@
 
 #include "flux_test_util.h"
 
+#include <ggml.h>
+#include <gguf.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 
 using namespace easel;
 using namespace easel::fluxtest;
@@ -294,4 +300,63 @@ TEST(FluxDiT, SchnellLayoutHasNoGuidance) {
     EXPECT_LT(max_abs_diff(os[0].data, oz[0].data), 1e-6f);
     // and it differs from the real dev output (the guidance embedding matters there)
     EXPECT_GT(max_abs_diff(os[0].data, r.io.at("__output__.sample").data), 1e-3f);
+}
+
+namespace {
+
+// Writes tensors as a city96-style GGUF (BFL names, no prefix): 2-D weights whose rows hold a
+// multiple of 32 values in Q8_0, everything else F32.
+std::filesystem::path write_q8_gguf(const TensorMap& ts, const std::string& tag) {
+    size_t bytes = 0;
+    for (auto& [n, t] : ts) bytes += t.data.size() * 4 + 1024;
+    ggml_init_params ip{bytes + ts.size() * ggml_tensor_overhead(), nullptr, false};
+    ggml_context* ctx = ggml_init(ip);
+    gguf_context* g = gguf_init_empty();
+    gguf_set_val_str(g, "general.architecture", "flux");
+    for (auto& [name, t] : ts) {
+        const bool q = t.shape.size() == 2 && t.shape[1] % 32 == 0;
+        ggml_tensor* x = t.shape.size() == 2 ? ggml_new_tensor_2d(ctx, q ? GGML_TYPE_Q8_0 : GGML_TYPE_F32, t.shape[1], t.shape[0])
+                                             : ggml_new_tensor_1d(ctx, GGML_TYPE_F32, t.shape[0]);
+        ggml_set_name(x, name.c_str());
+        if (q) ggml_quantize_chunk(GGML_TYPE_Q8_0, t.data.data(), x->data, 0, t.shape[0], t.shape[1], nullptr);
+        else std::memcpy(x->data, t.data.data(), t.data.size() * 4);
+        gguf_add_tensor(g, x);
+    }
+    auto path = std::filesystem::temp_directory_path() / ("easel_flux1_" + tag + "_" + std::to_string(::getpid()) + ".gguf");
+    EXPECT_TRUE(gguf_write_to_file(g, path.string().c_str(), false));
+    gguf_free(g);
+    ggml_free(ctx);
+    return path;
+}
+
+}  // namespace
+
+TEST(FluxDiT, City96StyleQ8GgufMatchesQ8Conversion) {
+    // A Q8_0 GGUF in the BFL layout: fused qkv / linear1 rows are sliced out of quantised data
+    // (whole rows, so whole Q8_0 blocks). It must give what the diffusers-layout F32 file gives
+    // when its weights are converted to Q8_0 on load (--type q8_0), and stay near the F32 reference.
+    Flux1Ref r = load_flux1();
+    auto gpath = write_q8_gguf(to_bfl(r.w, ""), "q8");
+    auto gidx = io::WeightIndex::open(gpath);
+    auto bytes = safetensors_bytes(r.w);
+    auto fidx = io::WeightIndex::open_memory(bytes, "flux1_diffusers");
+    runtime::GraphRunner run(nullptr, 2);
+    auto mg = flux::FluxDiTModel::load(gidx, run.buffer_type());
+    EXPECT_EQ(mg.source.layout, flux::FluxLayout::Bfl);
+    nn::LoadOptions q8;
+    q8.weight_type = GGML_TYPE_Q8_0;
+    auto mf = flux::FluxDiTModel::load(fidx, run.buffer_type(), q8);
+    auto fwd = [&](const flux::FluxDiTModel& m) {
+        return run.run([&](runtime::GraphBuilder& g) {
+            nn::Ctx c{g.ctx()};
+            return std::vector<ggml_tensor*>{m.module->forward(c, inputs(g, r, m.module->config())).sample};
+        })[0].data;
+    };
+    auto og = fwd(mg), of = fwd(mf);
+    const float e_pair = max_abs_diff(og, of), e_ref = max_abs_diff(og, r.io.at("__output__.sample").data);
+    std::printf("flux1 Q8_0 GGUF (BFL): vs --type q8_0 %.3g, vs F32 reference %.3g\n", e_pair, e_ref);
+    EXPECT_LT(e_pair, 1e-6f);  // the same quantised bits either way
+    EXPECT_LT(e_ref, 5e-2f);
+    std::error_code ec;
+    std::filesystem::remove(gpath, ec);
 }
