@@ -149,8 +149,8 @@ ZImageDiTConfig infer_config(const io::WeightIndex& index, const ZImageKeys& key
 nn::TensorSource make_tensor_source(const io::WeightIndex& index, const ZImageKeys& keys, const ZImageDiTConfig& cfg);
 /// Load options that ignore what files carry beside the basic-mode model: "norm_final.weight"
 /// (dropped by diffusers' converter) and the SigLIP (omni) tensors siglip_embedder.*,
-/// siglip_refiner.*, siglip_pad_token.
-nn::LoadOptions default_load_options(const ZImageKeys& keys);
+/// siglip_refiner.*, siglip_pad_token (found in `index`).
+nn::LoadOptions default_load_options(const io::WeightIndex& index, const ZImageKeys& keys);
 
 /// Host-side RoPE tables for one item: cos and sin of every token's angles, [S, head_dim / 2]
 /// row-major (ggml ne {head_dim / 2, S}), S = Tp + Lp, tokens ordered [image (Tp), caption (Lp)]
