@@ -88,3 +88,13 @@ TEST(Flux2Vae, PatchifyByHand) {
     auto idx = io::WeightIndex::open_memory(b, "no_bn");
     EXPECT_THROW(flux::Flux2LatentStats::load(idx), Error);
 }
+
+TEST(Flux2Vae, PackTokensByHand) {
+    // [1, 2, 1, 3] (channels 0: 0 1 2, 1: 10 11 12) -> tokens [3, 2] = (0,10) (1,11) (2,12)
+    vae::HostTensor x(1, 2, 1, 3);
+    x.data = {0, 1, 2, 10, 11, 12};
+    auto t = flux::flux2_pack_tokens(x);
+    EXPECT_EQ(t, (std::vector<float>{0, 10, 1, 11, 2, 12}));
+    EXPECT_EQ(flux::flux2_unpack_tokens(t, 1, 2, 1, 3).data, x.data);
+    EXPECT_THROW(flux::flux2_unpack_tokens(t, 1, 2, 2, 3), Error);
+}

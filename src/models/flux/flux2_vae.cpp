@@ -81,4 +81,24 @@ vae::HostTensor flux2_diffusion_to_vae(const vae::HostTensor& x, const Flux2Late
     return unpatchify_2x2(p);
 }
 
+std::vector<float> flux2_pack_tokens(const vae::HostTensor& x) {
+    std::vector<float> t(x.data.size());
+    const int64_t hw = x.h * x.w;
+    for (int64_t n = 0; n < x.n; ++n)
+        for (int64_t c = 0; c < x.c; ++c)
+            for (int64_t i = 0; i < hw; ++i) t[size_t((n * hw + i) * x.c + c)] = x.data[size_t((n * x.c + c) * hw + i)];
+    return t;
+}
+
+vae::HostTensor flux2_unpack_tokens(const std::vector<float>& tokens, int64_t n, int64_t c, int64_t h, int64_t w) {
+    if (n <= 0 || c <= 0 || h <= 0 || w <= 0 || int64_t(tokens.size()) != n * c * h * w)
+        fail(ErrorKind::InvalidInput, "FLUX.2 tokens: {} values are not [{}, {}x{}, {}]", tokens.size(), n, h, w, c);
+    vae::HostTensor x(n, c, h, w);
+    const int64_t hw = h * w;
+    for (int64_t b = 0; b < n; ++b)
+        for (int64_t ch = 0; ch < c; ++ch)
+            for (int64_t i = 0; i < hw; ++i) x.data[size_t((b * c + ch) * hw + i)] = tokens[size_t((b * hw + i) * c + ch)];
+    return x;
+}
+
 }  // namespace easel::models::flux

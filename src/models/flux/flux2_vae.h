@@ -46,4 +46,12 @@ vae::HostTensor flux2_vae_to_diffusion(const vae::HostTensor& z, const Flux2Late
 /// Flux2KleinPipeline does before vae.decode.
 vae::HostTensor flux2_diffusion_to_vae(const vae::HostTensor& x, const Flux2LatentStats& s);
 
+/// Flux2KleinPipeline._pack_latents: [N, C, h, w] -> tokens [N, h*w, C] (row-major, token
+/// y*w + x), the DiT's hidden_states.
+std::vector<float> flux2_pack_tokens(const vae::HostTensor& x);
+/// The inverse for tokens in grid order (Flux2KleinPipeline._unpack_latents_with_ids with the
+/// ids of flux2_image_ids(h, w)): tokens [N, h*w, C] -> [N, C, h, w]. Throws
+/// Error(InvalidInput) when the size is not n*c*h*w.
+vae::HostTensor flux2_unpack_tokens(const std::vector<float>& tokens, int64_t n, int64_t c, int64_t h, int64_t w);
+
 }  // namespace easel::models::flux
