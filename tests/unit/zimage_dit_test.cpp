@@ -350,3 +350,40 @@ TEST(ZImageDiT, BadInputIsRefusedBeforeTheGraph) {
     }
     for (auto& p : {path, path2, path3}) std::filesystem::remove(p);
 }
+
+// The first transformer call of the tiny ZImagePipeline cases in tests/data/reference/zimage_tiny
+// (dit0_x, dit0_t = 1 - sigma, dit0_out before the pipeline negates it), from the diffusers folder
+// (config.json beside the weights) and from the original-layout single file. The weights are
+// stored as F16 values: loaded as F32 (the values are exact), the output matches within 1e-4;
+// kept F16 (ggml then rounds the activations of each matmul to F16), within 1e-2.
+TEST(ZImageDiT, TinyPipelineFirstCall) {
+    const std::string dir = std::string(EASEL_TEST_DATA) + "/reference/zimage_tiny/";
+    for (std::string src : {"diffusers/transformer", "zimage_tiny_transformer.safetensors"}) {
+        auto idx = io::WeightIndex::open(dir + src);
+        for (ggml_type wt : {GGML_TYPE_F32, GGML_TYPE_COUNT}) {
+            zi::ZImageLoadOptions opt;
+            opt.threads = 2;
+            opt.weight_type = wt;
+            auto m = zi::LoadedZImageDiT::load(idx, opt);
+            EXPECT_EQ(m->config().cap_feat_dim, 16);
+            EXPECT_EQ(m->config().axes_dims, (std::array<int64_t, 3>{4, 6, 6}));
+            for (std::string c : {"cat_s0_64", "circle_s1_96x64"}) {
+                auto ref = io::WeightIndex::open(dir + "case_" + c + ".safetensors");
+                const io::TensorInfo* x = ref.find("dit0_x");
+                const io::TensorInfo* cond = ref.find("cond");
+                ASSERT_TRUE(x && cond && ref.find("dit0_t") && ref.find("dit0_out"));
+                const int64_t H = x->shape[3], W = x->shape[4], L = cond->shape[0];
+                auto xv = ref.read_f32(*x);
+                auto cv = ref.read_f32(*cond);
+                const float t = ref.read_f32(*ref.find("dit0_t"))[0];
+                auto expected = ref.read_f32(*ref.find("dit0_out"));
+                std::vector<float> out(xv.size());
+                m->forward(xv.data(), H, W, t, cv.data(), L, out.data());
+                const float e = max_abs_diff(out, expected);
+                std::cout << "[zimage_tiny " << src << ", " << (wt == GGML_TYPE_F32 ? "f32" : "f16 as stored") << "] " << c << " (" << H
+                          << "x" << W << " latent, " << L << " tokens, t " << t << ") max abs err " << e << "\n";
+                EXPECT_LT(e, wt == GGML_TYPE_F32 ? 1e-4f : 1e-2f) << src << " " << c;
+            }
+        }
+    }
+}
