@@ -23,6 +23,9 @@ EASEL_COMMAND(
         auto p = std::make_shared<pipeline::GenerateParams>();
         auto common = std::make_shared<cli::CommonOptions>();
         cli::add_generate_options(sub, *p);
+        cli::add_stage_options(sub, *p);
+        sub.add_option("--stage", p->stage, "Run one stage only: te-encode, llm-encode, vae-encode, diffuse, vae-decode "
+                                            "(= easel encode-prompt, encode-image, denoise, decode)")->group("Stages and files");
         cli::add_common_options(sub, *common);
         sub.footer(
             "sd-cli's flags work as they are, also without the word `generate` (easel -m ... -p ...).\n"
@@ -53,6 +56,10 @@ EASEL_COMMAND(
                 }
                 (void)t_last;
             };
+            if (!p->stage.empty()) {
+                for (auto& f : pipeline::run_stage(pipeline::parse_stage(p->stage), *p, progress)) std::printf("%s\n", f.c_str());
+                return 0;
+            }
             auto rep = pipeline::generate(*p, progress);
             double steps_total = 0;
             for (double s : rep.step_s) steps_total += s;

@@ -64,4 +64,23 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores)")->group(g);
 }
 
+/// Adds the stage file flags (docs/artifacts.md), shared by `generate` and the stage commands:
+/// --save-embeddings/--load-embeddings, --save-latent/--load-latent, --checkpoint-dir,
+/// --resume, --resume-step, --full-fingerprint, and the cache flags (--cache-dir, --no-cache,
+/// --cache-max-mib).
+inline void add_stage_options(CLI::App& app, pipeline::GenerateParams& p) {
+    auto* g = "Stages and files";
+    app.add_option("--save-embeddings", p.save_embeddings, "Write the prompt conditioning to FILE (safetensors)")->group(g);
+    app.add_option("--load-embeddings", p.load_embeddings, "Use the conditioning in FILE instead of running the text encoder")->group(g);
+    app.add_option("--save-latent", p.save_latent, "Write the latent to FILE (encode-image: the image's; denoise/generate: the final one)")->group(g);
+    app.add_option("--load-latent", p.load_latent, "Latent from FILE: the init latent (denoise/generate) or the latent to decode")->group(g);
+    app.add_option("--checkpoint-dir", p.checkpoint_dir, "Write a sampler checkpoint after every step into DIR")->group(g);
+    app.add_flag("--resume", p.resume, "Continue from the latest checkpoint in --checkpoint-dir")->group(g);
+    app.add_option("--resume-step", p.resume_step, "Continue from the checkpoint written after step N")->check(CLI::NonNegativeNumber)->group(g);
+    app.add_flag("--full-fingerprint", p.full_fingerprint, "Fingerprint model files by hashing every byte (default: size, mtime, sampled chunks)")->group(g);
+    app.add_option("--cache-dir", p.cache_dir, "Artifact cache folder (default $XDG_CACHE_HOME/easel or ~/.cache/easel)")->group(g);
+    app.add_flag("--no-cache", p.no_cache, "Neither read nor write the artifact cache")->group(g);
+    app.add_option("--cache-max-mib", p.cache_max_mib, "Cache size cap in MiB; least recently used entries are evicted (default 2048)")->group(g);
+}
+
 }  // namespace easel::cli

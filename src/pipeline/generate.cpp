@@ -2,19 +2,23 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "easel_version.h"
-#include "models/sd/stable_diffusion.h"
+#include "models/family.h"
+#include "pipeline/artifact.h"
+#include "pipeline/cache.h"
+#include "pipeline/fingerprint.h"
 #include "pipeline/image_io.h"
 #include "pipeline/png_meta.h"
+#include "pipeline/stages.h"
 #include "placement/devices.h"
 #include "sampling/sampler.h"
-#include "text/prompt_syntax.h"
 
 #include <sys/resource.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -23,6 +27,7 @@ namespace easel::pipeline {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using models::Module;
 
 namespace {
 
@@ -67,6 +72,285 @@ size_t peak_rss() {
     return (size_t)ru.ru_maxrss * 1024;
 }
 
+/// Everything resolved from the flags before a model is opened.
+struct Setup {
+    GenerateParams p;
+    sampling::SamplerKind method;
+    sampling::SchedulerKind sched;
+    sampling::RngKind rng_kind, sampler_rng_kind;
+    int threads = 1;
+    int64_t seed = 0;
+    ggml_backend_dev_t device = nullptr;
+};
+
+Setup resolve(const GenerateParams& params) {
+    Setup s;
+    s.p = params;
+    GenerateParams& p = s.p;
+    if (p.model.empty() && p.diffusion_model.empty()) {
+        p.model = find_demo_model();
+        if (p.model.empty()) fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder)");
+        log::info("no -m given: using the bundled demo model {}", p.model);
+    }
+    if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
+    if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);
+    if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
+    if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);
+    if (!p.mask.empty() && p.init_img.empty()) fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE)");
+    if (!p.t5xxl.empty() || !p.llm.empty() || !p.clip_g.empty())
+        fail(ErrorKind::ModelMismatch, "--t5xxl/--llm/--clip_g are not used by SD1.x/SD2.x; this easel runs SD1.x/SD2.x models only so far");
+    if ((p.resume || p.resume_step >= 0) && p.checkpoint_dir.empty())
+        fail(ErrorKind::InvalidInput, "--resume/--resume-step need --checkpoint-dir DIR (where the checkpoints are)");
+    if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
+    s.method = sampling::parse_sampler(p.sampling_method.empty() ? "euler_a" : p.sampling_method);
+    s.sched = sampling::parse_scheduler(p.scheduler.empty() ? "discrete" : p.scheduler);
+    s.rng_kind = sampling::parse_rng_kind(p.rng);
+    s.sampler_rng_kind = p.sampler_rng.empty() ? s.rng_kind : sampling::parse_rng_kind(p.sampler_rng);
+    s.threads = p.threads > 0 ? p.threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    s.seed = p.seed;
+    if (s.seed < 0) {
+        std::random_device rd;
+        s.seed = ((int64_t)rd() << 31 ^ rd()) & 0x7fffffff;
+        log::info("seed: {}", s.seed);
+    }
+    return s;
+}
+
+std::unique_ptr<models::Family> open_model(Setup& s) {
+    const GenerateParams& p = s.p;
+    models::ModelFiles files;
+    files.model = p.model;
+    files.diffusion_model = p.diffusion_model;
+    files.vae = p.vae;
+    files.taesd = p.taesd;
+    files.clip_l = p.clip_l;
+    files.clip_g = p.clip_g;
+    files.t5xxl = p.t5xxl;
+    files.llm = p.llm;
+    models::FamilyOptions fo;
+    s.device = pick_device();
+    fo.te_device = fo.diffusion_device = fo.vae_device = s.device;
+    fo.threads = s.threads;
+    fo.flash_attn_te = p.flash_attn;
+    fo.flash_attn_diffusion = p.flash_attn || p.diffusion_fa;
+    fo.weight_type = p.weight_type;
+    fo.prediction = p.prediction;
+    fo.flow_shift = p.flow_shift;
+    return models::open_family(files, fo);
+}
+
+vae::TilingOptions tiling_options(const GenerateParams& p, int f) {
+    vae::TilingOptions tiling;
+    tiling.enabled = p.vae_tiling;
+    int tx = 32, ty = 32;
+    if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) < 1 || tx <= 0)
+        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y] in latent cells, e.g. 32x32", p.vae_tile_size);
+    tiling.tile_size = tx * f;
+    tiling.overlap = std::clamp(p.vae_tile_overlap, 0.0f, 0.9f);
+    return tiling;
+}
+
+std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
+    if (p.no_cache) return std::nullopt;
+    fs::path dir = p.cache_dir.empty() ? default_cache_dir() : fs::path(p.cache_dir);
+    try {
+        return ArtifactCache(dir, (uint64_t)p.cache_max_mib << 20);
+    } catch (const Error& e) {
+        log::warn("{}; running without the cache", e.what());
+        return std::nullopt;
+    }
+}
+
+void check_output_folder(const std::string& path, const char* flag) {
+    fs::path dir = fs::path(path).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, dir.string());
+}
+
+std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
+
+/// The conditioning of a job: --load-embeddings, else the cache, else the text encoder.
+PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool need_negative, ArtifactCache* cache,
+                                       GenerateReport* rep) {
+    const GenerateParams& p = s.p;
+    const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
+    if (!p.load_embeddings.empty()) {
+        Artifact a = read_artifact(p.load_embeddings, ArtifactKind::Conditioning);
+        PromptConditioning c = conditioning_from_artifact(a, p.load_embeddings);
+        if (c.family != family_base_name(fam.name()))
+            fail(ErrorKind::ModelMismatch, "--load-embeddings {}: made by a {} text encoder, this model is {}", p.load_embeddings, c.family,
+                 fam.name());
+        if (need_negative && !c.has_negative)
+            fail(ErrorKind::InvalidInput, "--load-embeddings {}: holds no negative prompt (encoded with --cfg-scale 1); this job uses CFG scale {}",
+                 p.load_embeddings, p.cfg_scale);
+        log::info("conditioning from {} (prompt \"{}\"); the text encoder is not loaded", p.load_embeddings, c.prompt);
+        return c;
+    }
+    std::string key;
+    if (cache) {
+        const auto te_files = fam.module_files(Module::Te);
+        key = cache_key({"conditioning", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()), file_identity(te_files),
+                         p.prompt, p.negative_prompt, std::to_string(clip_skip), need_negative ? "neg" : "noneg", p.weight_type,
+                         p.flash_attn ? "fa" : "", device_name(s.device)});
+        if (auto a = cache->get(ArtifactKind::Conditioning, key)) {
+            try {
+                PromptConditioning c = conditioning_from_artifact(*a, cache->path(ArtifactKind::Conditioning, key).string());
+                log::info("cache hit: prompt conditioning from {}; the text encoder was not opened (saved ~{:.2f} s of encoding)",
+                          cache->path(ArtifactKind::Conditioning, key).string(), c.encode_s);
+                if (rep) {
+                    rep->conditioning_cached = true;
+                    rep->te_saved_s = c.encode_s;
+                }
+                return c;
+            } catch (const Error& e) {
+                log::warn("cache entry refused ({}); encoding again", e.what());
+            }
+        }
+    }
+    StageMeter meter;
+    PromptConditioning c = encode_prompts(fam, p.prompt, p.negative_prompt, clip_skip, need_negative);
+    log_stage("encode-prompt", fam, {Module::Te}, meter);
+    if (rep) rep->param_bytes += fam.param_bytes(Module::Te);
+    if (cache || !p.save_embeddings.empty()) c.model_fingerprint = model_fingerprint(fam.module_files(Module::Te), p.full_fingerprint);
+    fam.unload(Module::Te);
+    if (cache) cache->put(key, conditioning_artifact(c));
+    return c;
+}
+
+/// The init image's posterior: the cache, else the VAE encoder.
+vae::LatentDist obtain_posterior(models::Family& fam, const Setup& s, const Image& img, const vae::TilingOptions& tiling,
+                                 ArtifactCache* cache, const char* what) {
+    std::string key;
+    if (cache) {
+        key = cache_key({"posterior", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()),
+                         file_identity(fam.module_files(Module::VaeEncoder)), xxh3_hex(img.pixels), std::to_string(img.width),
+                         std::to_string(img.height), tiling.enabled ? fmt::format("{}:{}", tiling.tile_size, tiling.overlap) : "",
+                         s.p.flash_attn ? "fa" : "", device_name(s.device)});
+        if (auto a = cache->get(ArtifactKind::Latent, key)) {
+            auto m = a->f32("mean"), lv = a->f32("logvar");
+            const auto* t = a->find("mean");
+            if (t && t->shape.size() == 4 && m.size() == lv.size()) {
+                vae::LatentDist d;
+                d.mean = vae::HostTensor(t->shape[0], t->shape[1], t->shape[2], t->shape[3]);
+                d.logvar = d.mean;
+                d.mean.data = std::move(m);
+                d.logvar.data = std::move(lv);
+                log::info("cache hit: {} latent from {}; the VAE encoder was not loaded", what, cache->path(ArtifactKind::Latent, key).string());
+                return d;
+            }
+        }
+    }
+    vae::LatentDist d = encode_image(fam, img, tiling);
+    if (cache) {
+        nlohmann::json pj = {{"image_hash", xxh3_hex(img.pixels)}, {"width", img.width}, {"height", img.height}};
+        cache->put(key, posterior_artifact(d, fam, pj));
+    }
+    return d;
+}
+
+std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t img_seed, int W, int H, bool has_init) {
+    const GenerateParams& p = s.p;
+    GenerationInfo gi;
+    gi.prompt = c.prompt;
+    gi.negative_prompt = c.negative_prompt;
+    gi.steps = p.steps;
+    gi.sampler = a1111_sampler_name(sampling::sampler_name(s.method));
+    gi.scheduler = a1111_scheduler_name(sampling::scheduler_name(s.sched));
+    gi.cfg_scale = p.cfg_scale;
+    gi.seed = img_seed;
+    gi.width = W;
+    gi.height = H;
+    gi.model = model_stem(p);
+    if (has_init) gi.denoising_strength = p.strength;
+    gi.clip_skip = c.clip_skip;
+    gi.rng = s.rng_kind == sampling::RngKind::Cpu ? "CPU" : s.rng_kind == sampling::RngKind::Cuda ? "NV" : "std_default";
+    return format_infotext(make_infotext(gi));
+}
+
+DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H) {
+    DenoiseJob j;
+    j.method = s.method;
+    j.scheduler = s.sched;
+    j.steps = s.p.steps;
+    j.cfg_scale = s.p.cfg_scale;
+    j.eta = s.p.eta > 0 ? s.p.eta : -1.0f;
+    j.rng = s.rng_kind;
+    j.sampler_rng = s.sampler_rng_kind;
+    j.seed = img_seed;
+    j.width = W;
+    j.height = H;
+    j.strength = s.p.strength;
+    return j;
+}
+
+/// The resume state of image b, when asked for (nullopt: start fresh).
+std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const nlohmann::json& job, const sampling::Schedule& sched) {
+    const GenerateParams& p = s.p;
+    if (!p.resume && p.resume_step < 0) return std::nullopt;
+    auto path = find_checkpoint(p.checkpoint_dir, b, p.resume ? -1 : p.resume_step);
+    if (!path) {
+        if (p.resume_step >= 0)
+            fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
+                 checkpoint_path("", b, p.resume_step).string(), p.checkpoint_dir);
+        if (b == 0) fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
+        log::info("image {}: no checkpoint, starting at step 0", b + 1);
+        return std::nullopt;
+    }
+    auto st = load_checkpoint(*path, job, sched);
+    log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, path->string(), st.step, st.timesteps.size());
+    return st;
+}
+
+/// Denoises the batch; the final latents (diffusion space) in batch order.
+std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& s, const PromptConditioning& cond, const DenoiseInputs& base,
+                                              const std::string& init_hash, int W, int H, const ProgressFn& progress,
+                                              std::vector<double>* step_s, std::vector<std::string>* infotexts,
+                                              size_t* param_bytes = nullptr) {
+    const GenerateParams& p = s.p;
+    const bool has_init = base.init_posterior || base.init_latent;
+    std::string fp;
+    const bool ckpt = !p.checkpoint_dir.empty();
+    if (ckpt) {
+        std::error_code ec;
+        fs::create_directories(p.checkpoint_dir, ec);
+        if (!fs::is_directory(p.checkpoint_dir, ec))
+            fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+        if (base.mask) log::warn("--checkpoint-dir: no checkpoints are written for inpainting (resume is not supported there yet)");
+        fp = model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint);
+    }
+    const std::string chash = conditioning_hash(cond);
+    std::vector<std::vector<float>> out;
+    StageMeter meter;
+    fam.load(Module::Diffusion);
+    for (int b = 0; b < p.batch_count; ++b) {
+        const int64_t img_seed = s.seed + b;
+        DenoiseJob job = make_job(s, img_seed, W, H);
+        DenoiseControl ctl;
+        ctl.image = b;
+        if (ckpt) {
+            ctl.checkpoint_dir = p.checkpoint_dir;
+            ctl.job = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
+            ctl.resume = resume_state(s, b, ctl.job, job_schedule(fam, job, has_init));
+        }
+        if (progress) ctl.progress = [&, b](int step, int steps, double dt) { progress(b, step, steps, dt); };
+        DenoiseResult r = denoise(fam, job, base, ctl);
+        if (step_s) step_s->insert(step_s->end(), r.step_s.begin(), r.step_s.end());
+        if (infotexts) infotexts->push_back(infotext_for(s, cond, img_seed, W, H, has_init));
+        if (!p.save_latent.empty()) {
+            nlohmann::json pj = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
+            pj["infotext"] = infotext_for(s, cond, img_seed, W, H, has_init);
+            const auto lf = fam.latent_format();
+            write_artifact(batch_output_path(p.save_latent, b, p.batch_count),
+                           latent_artifact(r.latent, lf.channels, H / lf.spatial_factor, W / lf.spatial_factor, fam, pj));
+        }
+        out.push_back(std::move(r.latent));
+    }
+    log_stage("denoise", fam, {Module::Diffusion}, meter);
+    if (param_bytes) *param_bytes += fam.param_bytes(Module::Diffusion);
+    fam.unload(Module::Diffusion);
+    return out;
+}
+
 }  // namespace
 
 std::string batch_output_path(const std::string& pattern, int index, int count) {
@@ -99,36 +383,18 @@ std::string find_demo_model() {
 
 GenerateReport generate(const GenerateParams& params, const ProgressFn& progress) {
     GenerateReport rep;
-    GenerateParams p = params;
-    if (p.model.empty() && p.diffusion_model.empty()) {
-        p.model = find_demo_model();
-        if (p.model.empty())
-            fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder)");
-        log::info("no -m given: using the bundled demo model {}", p.model);
-    }
-    if (p.prompt.empty() && p.init_img.empty()) log::warn("empty prompt");
-    if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
-    if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);
-    if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
-    if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);
-    if (!p.mask.empty() && p.init_img.empty()) fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE)");
-    if (!p.t5xxl.empty() || !p.llm.empty() || !p.clip_g.empty())
-        fail(ErrorKind::ModelMismatch, "--t5xxl/--llm/--clip_g are not used by SD1.x/SD2.x; this easel runs SD1.x/SD2.x models only so far");
+    Setup s = resolve(params);
+    const GenerateParams& p = s.p;
+    if (p.prompt.empty() && p.init_img.empty() && p.load_embeddings.empty()) log::warn("empty prompt");
+    if (!p.load_latent.empty() && !p.init_img.empty())
+        fail(ErrorKind::InvalidInput, "give either -i IMAGE or --load-latent INIT, not both");
+    if (!p.load_latent.empty() && !p.mask.empty())
+        fail(ErrorKind::InvalidInput, "--mask works with -i IMAGE, not with --load-latent");
 
-    const auto method = sampling::parse_sampler(p.sampling_method.empty() ? "euler_a" : p.sampling_method);
-    const auto sched = sampling::parse_scheduler(p.scheduler.empty() ? "discrete" : p.scheduler);
-    const auto rng_kind = sampling::parse_rng_kind(p.rng);
-    const auto sampler_rng_kind = p.sampler_rng.empty() ? rng_kind : sampling::parse_rng_kind(p.sampler_rng);
-    const int threads = p.threads > 0 ? p.threads : (int)std::max(1u, std::thread::hardware_concurrency());
-
-    // Output folder must exist before hours of work.
-    {
-        fs::path out(batch_output_path(p.output, 0, p.batch_count));
-        fs::path dir = out.parent_path();
-        std::error_code ec;
-        if (!dir.empty() && !fs::is_directory(dir, ec))
-            fail(ErrorKind::Io, "-o {}: folder {} does not exist", p.output, dir.string());
-    }
+    // Output folders must exist before hours of work.
+    check_output_folder(batch_output_path(p.output, 0, p.batch_count), "-o");
+    if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
+    if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
 
     // Init image and mask (read before loading the model: a bad file fails fast).
     std::optional<Image> init, mask;
@@ -139,39 +405,30 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
             fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init image is {}x{}: they must be the same size", p.mask,
                  mask->width, mask->height, init->width, init->height);
     }
+    rep.seed = s.seed;
 
-    int64_t seed = p.seed;
-    if (seed < 0) {
-        std::random_device rd;
-        seed = ((int64_t)rd() << 31 ^ rd()) & 0x7fffffff;
-        log::info("seed: {}", seed);
-    }
-    rep.seed = seed;
-
-    // Load.
     auto t0 = Clock::now();
-    models::sd::SDFiles files{p.model, p.diffusion_model, p.vae, p.taesd, p.clip_l};
-    models::sd::SDOptions so;
-    so.device = pick_device();
-    so.threads = threads;
-    so.flash_attn_te = p.flash_attn;
-    so.flash_attn_diffusion = p.flash_attn || p.diffusion_fa;
-    so.weight_type = p.weight_type;
-    so.prediction = p.prediction;
-    so.need_encoder = init.has_value();
-    auto model = models::sd::StableDiffusion::load(files, so);
+    auto fam = open_model(s);
     rep.load_s = since(t0);
-    rep.device = ggml_backend_dev_name(so.device);
-    log::info("model: {}", model->describe());
+    rep.device = device_name(s.device);
+    const bool is_inpaint_model = fam->diffusion_in_channels() != fam->latent_format().channels;
+    if (is_inpaint_model && !init)
+        fail(ErrorKind::InvalidInput, "this is an in-painting model: pass -i IMAGE and --mask MASK");
+    if (is_inpaint_model && !mask)
+        fail(ErrorKind::InvalidInput, "this is an in-painting model: pass --mask MASK with -i IMAGE (white = repaint)");
 
-    const int f = model->spatial_factor();
+    std::optional<LoadedLatent> init_lat;
+    if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+
+    const int f = fam->latent_format().spatial_factor;
     int W = p.width, H = p.height;
     if (init) {
-        if (init->width != p.width || init->height != p.height) {
-            log::info("using the init image's size {}x{}", init->width, init->height);
-        }
+        if (init->width != p.width || init->height != p.height) log::info("using the init image's size {}x{}", init->width, init->height);
         W = init->width;
         H = init->height;
+    } else if (init_lat) {
+        W = (int)init_lat->w * f;
+        H = (int)init_lat->h * f;
     }
     W = round_size(W, f, "width");
     H = round_size(H, f, "height");
@@ -193,179 +450,211 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     }
     rep.width = W;
     rep.height = H;
-    const int64_t h = H / f, w = W / f, C = model->latent_channels();
-    const int64_t lat_n = C * h * w;
+    const int64_t h = H / f, w = W / f;
 
-    // Prompts.
-    text::PromptTags tags = text::extract_extra_networks(p.prompt);
-    if (!tags.loras.empty()) log::warn("LoRA tags in the prompt are not applied yet (LoRA support is a later feature): {} ignored", tags.loras.size());
-    text::PromptTags ntags = text::extract_extra_networks(p.negative_prompt);
-    const int clip_skip = p.clip_skip > 0 ? p.clip_skip : model->default_clip_skip();
+    auto cache = open_cache(p);
+    ArtifactCache* cachep = cache ? &*cache : nullptr;
+
+    // Stage 1: prompts.
     t0 = Clock::now();
-    auto cond = model->encode_prompt(tags.text, clip_skip);
-    models::sd::SDConditioning uncond;
     const bool cfg = p.cfg_scale != 1.0f;
-    if (cfg) uncond = model->encode_prompt(ntags.text, clip_skip);
+    PromptConditioning cond = obtain_conditioning(*fam, s, cfg, cachep, &rep);
     rep.te_s = since(t0);
+    if (!p.save_embeddings.empty()) write_artifact(p.save_embeddings, conditioning_artifact(cond));
+    log::info("model: {}", fam->describe());
 
-    vae::TilingOptions tiling;
-    tiling.enabled = p.vae_tiling;
-    {
-        int tx = 32, ty = 32;
-        if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) < 1 || tx <= 0)
-            fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y] in latent cells, e.g. 32x32", p.vae_tile_size);
-        tiling.tile_size = tx * f;
-        tiling.overlap = std::clamp(p.vae_tile_overlap, 0.0f, 0.9f);
-    }
-
-    // Init image latent (img2img / inpainting), encoded once; sampled per image with its RNG.
-    std::optional<vae::LatentDist> init_dist;
-    std::vector<float> mask_lat;          // [h, w], 1 = repaint
-    std::optional<vae::LatentDist> masked_dist;  // in-painting UNets: the masked image
+    // Stage 2: init image (img2img / inpainting).
+    const vae::TilingOptions tiling = tiling_options(p, f);
+    std::optional<vae::LatentDist> init_dist, masked_dist;
+    std::vector<float> mask_lat;  // [h, w], 1 = repaint
+    std::string init_hash;
     if (init) {
         auto tv = Clock::now();
-        vae::HostTensor img(1, 3, H, W);
-        img.data = image_to_planar(*init, -1.0f, 1.0f);
-        init_dist = model->encode(img, tiling);
+        StageMeter meter;
+        init_dist = obtain_posterior(*fam, s, *init, tiling, cachep, "init image");
         if (mask) {
             // diffusers' mask processor: binarised at 0.5 in pixel space (1 = repaint), then
             // resized to the latent by nearest neighbour
             std::vector<float> mfull = image_to_planar(*mask, 0.0f, 1.0f);
             for (auto& v : mfull) v = v >= 0.5f ? 1.0f : 0.0f;
             mask_lat = resize_nearest(mfull, H, W, (int)h, (int)w);
-            if (model->is_inpaint()) {
-                // diffusers StableDiffusionInpaintPipeline: mask binarised at 0.5, masked image = image * (mask < 0.5)
-                vae::HostTensor mimg = img;
+            if (is_inpaint_model) {
+                // diffusers StableDiffusionInpaintPipeline: masked image = image * (mask < 0.5)
+                vae::HostTensor mimg(1, 3, H, W);
+                mimg.data = image_to_planar(*init, -1.0f, 1.0f);
                 for (int c = 0; c < 3; ++c)
                     for (size_t i = 0; i < (size_t)H * W; ++i)
                         if (mfull[i] >= 0.5f) mimg.data[(size_t)c * H * W + i] = 0.0f;
-                masked_dist = model->encode(mimg, tiling);
+                masked_dist = fam->encode(mimg, tiling);
             }
-        } else if (model->is_inpaint()) {
-            fail(ErrorKind::InvalidInput, "this is an in-painting model: pass --mask MASK with -i IMAGE (white = repaint)");
         }
+        if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
+        fam->unload(Module::VaeEncoder);
         rep.vae_s += since(tv);
-    } else if (model->is_inpaint()) {
-        fail(ErrorKind::InvalidInput, "this is an in-painting model: pass -i IMAGE and --mask MASK");
+        init_hash = artifact_data_hash(posterior_artifact(*init_dist, *fam, {}));
+    } else if (init_lat) {
+        init_hash = init_lat->hash;
     }
 
-    const auto& ms = model->model_sampling();
-    sampling::Schedule full;
-    if (method == sampling::SamplerKind::DdimTrailing) full = sampling::ddim_trailing_schedule(ms, p.steps);
-    else if (method == sampling::SamplerKind::DpmPP2M &&
-             (sched == sampling::SchedulerKind::Discrete || sched == sampling::SchedulerKind::Karras))
-        // DPM++ 2M runs on diffusers' DPMSolverMultistepScheduler timesteps (integer timesteps,
-        // linspace over n+1 points), so that it equals diffusers' "DPM++ 2M" pipelines.
-        full = sampling::diffusers_dpmsolver_schedule(ms, p.steps, sched == sampling::SchedulerKind::Karras);
-    else full = sampling::make_schedule(ms, sched, p.steps);
-    int start = 0;
-    if (init) {
-        // diffusers' img2img rule (StableDiffusionImg2ImgPipeline.get_timesteps): int(steps *
-        // strength) steps run, from step steps - that; at least one step runs.
-        int run = std::min(p.steps, (int)((double)p.steps * p.strength));
-        if (run < 1) {
-            log::warn("--strength {} with {} steps runs no step: running 1", p.strength, p.steps);
-            run = 1;
-        }
-        start = p.steps - run;
-    }
-    sampling::Schedule schedule;
-    schedule.sigmas.assign(full.sigmas.begin() + start, full.sigmas.end());
-    schedule.timesteps.assign(full.timesteps.begin() + start, full.timesteps.end());
+    // Stage 3: denoise.
+    DenoiseInputs in;
+    in.cond = &cond;
+    if (init_dist) in.init_posterior = &*init_dist;
+    if (init_lat && init_lat->posterior) in.init_posterior = &*init_lat->posterior;
+    if (init_lat && !init_lat->posterior) in.init_latent = &init_lat->latent;
+    if (mask) in.mask = &mask_lat;
+    if (masked_dist) in.masked_posterior = &*masked_dist;
+    std::vector<std::string> infotexts;
+    auto latents = denoise_batch(*fam, s, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes);
+    rep.compute_peak_bytes = std::max({fam->compute_bytes(Module::Te), fam->compute_bytes(Module::Diffusion)});
 
+    // Stage 4: decode.
+    auto tv = Clock::now();
+    StageMeter meter;
     for (int b = 0; b < p.batch_count; ++b) {
-        const int64_t img_seed = seed + b;
-        sampling::Rng rng(rng_kind, (uint64_t)img_seed);
-        std::vector<float> x0;
-        if (init_dist) {
-            // diffusers retrieve_latents(sample_mode="sample"): mean + std * randn, then * scaling factor
-            auto eps = rng.randn(lat_n);
-            x0.resize((size_t)lat_n);
-            for (size_t i = 0; i < x0.size(); ++i)
-                x0[i] = (init_dist->mean.data[i] + std::exp(0.5f * init_dist->logvar.data[i]) * eps[i]) * model->scaling_factor();
-        }
-        // Draw order as diffusers' pipelines: init-image posterior, initial noise, then (inpainting)
-        // the masked-image posterior, which ordinary models do not use but still draw.
-        std::vector<float> noise = rng.randn(lat_n);
-        std::vector<float> masked_lat;
-        if (mask) {
-            auto eps = rng.randn(lat_n);
-            if (masked_dist) {
-                masked_lat.resize((size_t)lat_n);
-                for (size_t i = 0; i < masked_lat.size(); ++i)
-                    masked_lat[i] = (masked_dist->mean.data[i] + std::exp(0.5f * masked_dist->logvar.data[i]) * eps[i]) *
-                                    model->scaling_factor();
-            }
-        }
-        // Inpainting at full strength starts from pure noise (diffusers is_strength_max);
-        // img2img adds noise to the init latent at the first sigma.
-        const bool pure_noise = !init || (mask && start == 0);
-        std::vector<float> x = sampling::noise_latent(pure_noise ? std::vector<float>{} : x0, noise, schedule.sigmas[0], false);
-        sampling::Rng srng = sampler_rng_kind == rng_kind ? rng : sampling::Rng(sampler_rng_kind, (uint64_t)img_seed);
-
-        const int64_t cin = model->unet_in_channels();
-        std::vector<float> unet_in((size_t)(cin * h * w));
-        sampling::ModelFn fn = [&](std::span<const float> x_in, double t, sampling::Branch br, std::span<float> out) {
-            std::copy(x_in.begin(), x_in.end(), unet_in.begin());
-            if (cin == 9) {
-                std::copy(mask_lat.begin(), mask_lat.end(), unet_in.begin() + lat_n);
-                std::copy(masked_lat.begin(), masked_lat.end(), unet_in.begin() + lat_n + h * w);
-            }
-            model->unet(unet_in, h, w, t, br == sampling::Branch::Cond ? cond : uncond, out);
-        };
-        sampling::Denoiser den(ms, fn, p.cfg_scale);
-        sampling::Sampler sampler(method, schedule, {1, C, h, w}, x, srng, false, p.eta > 0 ? p.eta : -1.0f);
-        const bool blend = mask && !model->is_inpaint();
-        int step = 0;
-        while (!sampler.done()) {
-            auto ts = Clock::now();
-            sampler.step(den);
-            ++step;
-            if (blend) {
-                // ordinary model inpainting: keep the known region at the current noise level
-                auto st = sampler.state();
-                float sigma = st.sigmas[(size_t)st.step];
-                auto known = sampling::noise_latent(x0, noise, sigma, false);
-                sampling::inpaint_blend(st.x, known, mask_lat, st.shape);
-                sampler = sampling::Sampler(std::move(st));
-            }
-            double dt = since(ts);
-            rep.step_s.push_back(dt);
-            if (progress) progress(b, step, sampler.steps(), dt);
-        }
-        std::vector<float> lat = sampler.result();
-
-        auto tv = Clock::now();
-        vae::HostTensor z(1, C, h, w);
-        z.data = std::move(lat);
-        vae::HostTensor img = model->decode(z, tiling);
-        rep.vae_s += since(tv);
-        Image out = image_from_planar(img.data, (int)img.w, (int)img.h, 3, -1.0f, 1.0f);
-
-        GenerationInfo gi;
-        gi.prompt = p.prompt;
-        gi.negative_prompt = p.negative_prompt;
-        gi.steps = p.steps;
-        gi.sampler = a1111_sampler_name(sampling::sampler_name(method));
-        gi.scheduler = a1111_scheduler_name(sampling::scheduler_name(sched));
-        gi.cfg_scale = p.cfg_scale;
-        gi.seed = img_seed;
-        gi.width = W;
-        gi.height = H;
-        gi.model = model_stem(p);
-        if (init) gi.denoising_strength = p.strength;
-        gi.clip_skip = clip_skip;
-        gi.rng = rng_kind == sampling::RngKind::Cpu ? "CPU" : rng_kind == sampling::RngKind::Cuda ? "NV" : "std_default";
-        Infotext it = make_infotext(gi);
-        std::vector<PngTextEntry> texts{{"parameters", format_infotext(it)}};
+        Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
+        std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count);
         save_png(path, out, texts);
         rep.outputs.push_back(path);
     }
-    rep.param_bytes = model->te_param_bytes() + model->unet_param_bytes() + model->vae_param_bytes();
-    rep.compute_peak_bytes = std::max(model->te_compute_bytes(), model->unet_compute_bytes());
+    log_stage("decode", *fam, {Module::VaeDecoder}, meter);
+    rep.param_bytes += fam->param_bytes(Module::VaeDecoder);
+    fam->unload(Module::VaeDecoder);
+    rep.vae_s += since(tv);
     rep.host_peak_rss_bytes = peak_rss();
     return rep;
+}
+
+Stage parse_stage(const std::string& name) {
+    const std::string n = ascii_lower(name);
+    if (n == "encode-prompt" || n == "te-encode" || n == "llm-encode") return Stage::EncodePrompt;
+    if (n == "encode-image" || n == "vae-encode") return Stage::EncodeImage;
+    if (n == "denoise" || n == "diffuse") return Stage::Denoise;
+    if (n == "decode" || n == "vae-decode") return Stage::Decode;
+    fail(ErrorKind::InvalidInput, "--stage {}: unknown stage (te-encode, llm-encode, vae-encode, diffuse, vae-decode)", name);
+}
+
+const char* stage_name(Stage s) {
+    switch (s) {
+    case Stage::EncodePrompt: return "encode-prompt";
+    case Stage::EncodeImage: return "encode-image";
+    case Stage::Denoise: return "denoise";
+    case Stage::Decode: return "decode";
+    }
+    return "?";
+}
+
+std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, const ProgressFn& progress) {
+    Setup s = resolve(params);
+    const GenerateParams& p = s.p;
+    auto need = [&](const std::string& v, const char* flag) {
+        if (v.empty()) fail(ErrorKind::InvalidInput, "{} needs {}", stage_name(stage), flag);
+    };
+    std::vector<std::string> written;
+    switch (stage) {
+    case Stage::EncodePrompt: {
+        need(p.save_embeddings, "--save-embeddings FILE");
+        check_output_folder(p.save_embeddings, "--save-embeddings");
+        auto fam = open_model(s);
+        StageMeter meter;
+        const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam->defaults().clip_skip;
+        PromptConditioning c = encode_prompts(*fam, p.prompt, p.negative_prompt, clip_skip, p.cfg_scale != 1.0f);
+        c.model_fingerprint = model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint);
+        log_stage("encode-prompt", *fam, {Module::Te}, meter);
+        fam->unload(Module::Te);
+        write_artifact(p.save_embeddings, conditioning_artifact(c));
+        written.push_back(p.save_embeddings);
+        break;
+    }
+    case Stage::EncodeImage: {
+        need(p.init_img, "-i IMAGE");
+        need(p.save_latent, "--save-latent FILE");
+        check_output_folder(p.save_latent, "--save-latent");
+        Image img = load_image(p.init_img, 3);
+        auto fam = open_model(s);
+        const int f = fam->latent_format().spatial_factor;
+        const int W = round_size(img.width, f, "width"), H = round_size(img.height, f, "height");
+        if (W != img.width || H != img.height) {
+            Image r;
+            r.width = W;
+            r.height = H;
+            r.channels = 3;
+            r.pixels.resize((size_t)W * H * 3);
+            for (int y = 0; y < H; ++y)
+                std::copy_n(img.pixels.begin() + (size_t)y * img.width * 3, (size_t)W * 3, r.pixels.begin() + (size_t)y * W * 3);
+            img = std::move(r);
+        }
+        StageMeter meter;
+        vae::LatentDist d = encode_image(*fam, img, tiling_options(p, f));
+        log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
+        nlohmann::json pj = {{"image", p.init_img}, {"image_hash", xxh3_hex(img.pixels)}, {"width", W}, {"height", H},
+                             {"model_fingerprint", model_fingerprint(fam->module_files(Module::VaeEncoder), p.full_fingerprint)}};
+        fam->unload(Module::VaeEncoder);
+        write_artifact(p.save_latent, posterior_artifact(d, *fam, pj));
+        written.push_back(p.save_latent);
+        break;
+    }
+    case Stage::Denoise: {
+        need(p.load_embeddings, "--load-embeddings FILE (from `easel encode-prompt`)");
+        need(p.save_latent, "--save-latent OUT");
+        if (!p.init_img.empty()) fail(ErrorKind::InvalidInput, "denoise takes --load-latent INIT (from `easel encode-image`), not -i IMAGE");
+        if (!p.mask.empty()) fail(ErrorKind::Unsupported, "denoise does not take --mask yet; run inpainting with `easel generate`");
+        check_output_folder(p.save_latent, "--save-latent");
+        auto fam = open_model(s);
+        std::optional<LoadedLatent> init_lat;
+        if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+        if (fam->diffusion_in_channels() != fam->latent_format().channels)
+            fail(ErrorKind::Unsupported, "this is an in-painting model; run it with `easel generate -i IMAGE --mask MASK`");
+        const int f = fam->latent_format().spatial_factor;
+        int W = p.width, H = p.height;
+        if (init_lat) {
+            W = (int)init_lat->w * f;
+            H = (int)init_lat->h * f;
+        }
+        W = round_size(W, f, "width");
+        H = round_size(H, f, "height");
+        PromptConditioning cond = obtain_conditioning(*fam, s, p.cfg_scale != 1.0f, nullptr, nullptr);
+        DenoiseInputs in;
+        in.cond = &cond;
+        if (init_lat && init_lat->posterior) in.init_posterior = &*init_lat->posterior;
+        if (init_lat && !init_lat->posterior) in.init_latent = &init_lat->latent;
+        Setup s2 = s;
+        if (s2.p.save_latent.empty()) s2.p.save_latent = p.save_latent;
+        denoise_batch(*fam, s2, cond, in, init_lat ? init_lat->hash : "", W, H, progress, nullptr, nullptr);
+        for (int b = 0; b < p.batch_count; ++b) written.push_back(batch_output_path(p.save_latent, b, p.batch_count));
+        break;
+    }
+    case Stage::Decode: {
+        need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
+        check_output_folder(p.output, "-o");
+        auto fam = open_model(s);
+        LoadedLatent z = load_latent(p.load_latent, *fam);
+        if (z.space != "diffusion")
+            fail(ErrorKind::InvalidInput, "--load-latent {}: holds an image's posterior (from encode-image), not a denoised latent; decode "
+                 "the output of `easel denoise`", p.load_latent);
+        const int f = fam->latent_format().spatial_factor;
+        std::string infotext;
+        {
+            Artifact a = read_artifact(p.load_latent, ArtifactKind::Latent);
+            try {
+                auto pj = nlohmann::json::parse(a.at("params"));
+                if (pj.contains("infotext") && pj["infotext"].is_string()) infotext = pj["infotext"].get<std::string>();
+            } catch (const std::exception&) {
+            }
+        }
+        StageMeter meter;
+        Image out = decode_latent(*fam, z.latent, z.h, z.w, tiling_options(p, f));
+        log_stage("decode", *fam, {Module::VaeDecoder}, meter);
+        fam->unload(Module::VaeDecoder);
+        std::vector<PngTextEntry> texts;
+        if (!infotext.empty()) texts.push_back({"parameters", infotext});
+        save_png(p.output, out, texts);
+        written.push_back(p.output);
+        break;
+    }
+    }
+    return written;
 }
 
 }  // namespace easel::pipeline

@@ -1,8 +1,11 @@
-// `easel generate`: prompt (+ init image, mask) -> PNG files, for the SD1.x/SD2.x family.
+// `easel generate`: prompt (+ init image, mask) -> PNG files, over models::Family.
 //
-// Steps: load the model's modules on one device (the first GPU, else the CPU), encode the
-// prompt and the negative prompt, draw the initial noise with the chosen RNG, sample, decode
-// with the VAE (or TAESD) and write PNGs carrying A1111 `parameters` metadata.
+// generate() composes the stages of stages.h in one process: open the family (headers only),
+// encode the prompts (or take them from --load-embeddings or the cache: then the text encoder
+// is never opened), encode the init image (or --load-latent / the cache), denoise every image
+// (checkpoints with --checkpoint-dir, --resume), decode, and write PNGs carrying A1111
+// `parameters` metadata. Each stage loads only its modules, on one device (the first GPU,
+// else the CPU), and frees them when done. run_stage() runs one stage alone with its files.
 #pragma once
 
 #include "pipeline/generate_params.h"
@@ -26,6 +29,8 @@ struct GenerateReport {
     size_t param_bytes = 0;             ///< parameter bytes loaded on that device
     size_t compute_peak_bytes = 0;      ///< largest measured compute buffer
     size_t host_peak_rss_bytes = 0;     ///< peak resident set size of the process
+    bool conditioning_cached = false;   ///< the conditioning came from the cache
+    double te_saved_s = 0;              ///< encode time the cache hit saved (as stored)
 };
 
 /// Progress callback: (image index, step done (1-based), steps, seconds of that step).
@@ -41,6 +46,24 @@ std::string find_demo_model();
 /// a mask whose size differs from the init image, etc. Width and height that are not
 /// multiples of the latent factor (8) are rounded down with a warning.
 GenerateReport generate(const GenerateParams& params, const ProgressFn& progress = {});
+
+/// The stages that run alone (`easel encode-prompt|encode-image|denoise|decode`, or
+/// `--stage te-encode|llm-encode|vae-encode|diffuse|vae-decode`).
+enum class Stage { EncodePrompt, EncodeImage, Denoise, Decode };
+/// Parses a command name or a --stage alias. Throws Error(InvalidInput) listing the names.
+Stage parse_stage(const std::string& name);
+const char* stage_name(Stage s);
+
+/// Runs one stage with its file flags:
+///   EncodePrompt: -p/-n (+ model flags) -> --save-embeddings FILE (loads only the te)
+///   EncodeImage:  -i IMAGE -> --save-latent FILE (the posterior; loads only the VAE encoder)
+///   Denoise:      --load-embeddings FILE [--load-latent INIT] -> --save-latent OUT, with
+///                 --checkpoint-dir DIR [--resume | --resume-step N] (loads only the diffusion model)
+///   Decode:       --load-latent FILE -> -o OUT.png (loads only the VAE decoder / TAESD)
+/// Returns the files written. Throws easel::Error: a missing required flag, a refused artifact
+/// (truncated, edited, wrong kind, another model, another size), a checkpoint that does not
+/// match the job (every difference named).
+std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, const ProgressFn& progress = {});
 
 /// The output path of image `index` of a batch: printf-style %d in `pattern` gets index+1;
 /// otherwise image 0 is `pattern` and image i >= 1 is `<stem>_<i+1><ext>`.

@@ -58,6 +58,20 @@ struct GenerateParams {
     int threads = -1;               ///< -t (<= 0: physical cores)
     bool verbose = false;           ///< -v
     bool color = false;             ///< --color
+
+    // stages, artifacts, checkpoints, cache (docs/artifacts.md)
+    std::string stage;              ///< --stage te-encode|llm-encode|vae-encode|diffuse|vae-decode ("" = all)
+    std::string save_embeddings;    ///< --save-embeddings: write the prompt conditioning here
+    std::string load_embeddings;    ///< --load-embeddings: use this conditioning (no text encoder)
+    std::string save_latent;        ///< --save-latent: write the encoded image / final latent here
+    std::string load_latent;        ///< --load-latent: init latent (denoise) or latent to decode
+    std::string checkpoint_dir;     ///< --checkpoint-dir: sampler checkpoint after every step
+    bool resume = false;            ///< --resume: continue from the latest checkpoint
+    int resume_step = -1;           ///< --resume-step N: continue from the checkpoint after step N
+    bool full_fingerprint = false;  ///< --full-fingerprint: hash whole model files
+    std::string cache_dir;          ///< --cache-dir ("" = $XDG_CACHE_HOME/easel or ~/.cache/easel)
+    bool no_cache = false;          ///< --no-cache
+    int64_t cache_max_mib = 2048;   ///< --cache-max-mib: size cap, least recently used evicted
 };
 
 }  // namespace easel::pipeline

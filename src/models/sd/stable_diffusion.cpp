@@ -6,8 +6,6 @@
 #include "io/diffusers.h"
 #include "text/prompt_syntax.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::unique_ptr<io::WeightIndex> open_index(const std::string& path, const char* flag) {
+std::unique_ptr<io::WeightIndex> open_index(const std::string& path, const std::string& flag) {
     std::error_code ec;
     if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path);
     return std::make_unique<io::WeightIndex>(io::WeightIndex::open(path));
@@ -47,184 +45,361 @@ ggml_type parse_weight_type(const std::string& name) {
     fail(ErrorKind::InvalidInput, "--type {}: unknown weight type (use f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K, q3_K, q4_K, q5_K, q6_K)", name);
 }
 
+/// Bytes of the parameters bound in a module tree.
+size_t bound_bytes(const nn::Block& root) {
+    size_t n = 0;
+    root.visit_params("", [&](const std::string&, const nn::Param& p) {
+        if (p.tensor) n += ggml_nbytes(p.tensor);
+    });
+    return n;
+}
+
 }  // namespace
 
 StableDiffusion::~StableDiffusion() = default;
 
-std::unique_ptr<StableDiffusion> StableDiffusion::load(const SDFiles& files, const SDOptions& opt) {
+std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, const FamilyOptions& opt) {
     std::unique_ptr<StableDiffusion> m(new StableDiffusion());
+    m->files_ = files;
     m->opt_ = opt;
-    m->runner_ = std::make_unique<runtime::GraphRunner>(opt.device, opt.threads);
-    ggml_backend_buffer_type_t buft = m->runner_->buffer_type();
-
+    m->weight_type_ = parse_weight_type(opt.weight_type);
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder) or --diffusion-model");
 
-    // Resolve the source of each module.
-    io::WeightIndex* model_idx = nullptr;
-    io::WeightIndex *unet_idx = nullptr, *vae_idx = nullptr, *te_idx = nullptr;
-    std::optional<nlohmann::json> sched_cfg;
-    std::optional<nlohmann::json> tok_special;
-    auto keep = [&](std::unique_ptr<io::WeightIndex> p) {
-        m->indexes_.push_back(std::move(p));
-        return m->indexes_.back().get();
-    };
-    std::string model_desc;
+    // Resolve the source of each module (paths only; nothing of the text encoder is read).
     if (!files.model.empty()) {
         if (io::is_pipeline_folder(files.model)) {
             std::string pipeline_class;
             auto comps = io::list_pipeline_components(files.model, &pipeline_class);
             for (auto& c : comps) {
-                if (c.name == "unet" && files.diffusion_model.empty()) unet_idx = keep(open_index(c.folder.string(), "-m"));
-                else if (c.name == "vae" && files.vae.empty()) vae_idx = keep(open_index(c.folder.string(), "-m"));
-                else if (c.name == "text_encoder" && files.clip_l.empty()) te_idx = keep(open_index(c.folder.string(), "-m"));
-                else if (c.name == "scheduler") sched_cfg = read_json(c.folder / "scheduler_config.json");
-                else if (c.name == "tokenizer") tok_special = read_json(c.folder / "special_tokens_map.json");
+                if (c.name == "unet") m->unet_path_ = c.folder.string();
+                else if (c.name == "vae") m->vae_path_ = c.folder.string();
+                else if (c.name == "text_encoder") m->te_path_ = c.folder.string();
+                else if (c.name == "scheduler") m->sched_cfg_ = read_json(c.folder / "scheduler_config.json");
+                else if (c.name == "tokenizer") m->tokenizer_special_ = c.folder / "special_tokens_map.json";
             }
-            if (!unet_idx && files.diffusion_model.empty())
+            if (m->unet_path_.empty() && files.diffusion_model.empty())
                 fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no unet folder; SD1.x/SD2.x pipelines have one",
                      files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
-            model_desc = "diffusers folder " + files.model;
+            m->model_desc_ = "diffusers folder " + files.model;
         } else {
-            model_idx = keep(open_index(files.model, "-m"));
-            unet_idx = model_idx;
-            vae_idx = model_idx;
-            te_idx = model_idx;
-            model_desc = files.model;
+            m->unet_path_ = m->vae_path_ = m->te_path_ = files.model;
+            m->model_desc_ = files.model;
         }
+        m->unet_flag_ = m->vae_flag_ = m->te_flag_ = "-m " + files.model;
     }
-    if (!files.diffusion_model.empty()) unet_idx = keep(open_index(files.diffusion_model, "--diffusion-model"));
-    if (!files.vae.empty()) vae_idx = keep(open_index(files.vae, "--vae"));
-    if (!files.clip_l.empty()) te_idx = keep(open_index(files.clip_l, "--clip_l"));
+    if (!files.diffusion_model.empty()) {
+        m->unet_path_ = files.diffusion_model;
+        m->unet_flag_ = "--diffusion-model " + files.diffusion_model;
+        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
+    }
+    if (!files.vae.empty()) {
+        m->vae_path_ = files.vae;
+        m->vae_flag_ = "--vae " + files.vae;
+    }
+    if (!files.clip_l.empty()) {
+        m->te_path_ = files.clip_l;
+        m->te_flag_ = "--clip_l " + files.clip_l;
+    }
+    if (!files.taesd.empty()) {
+        std::error_code ec;
+        if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
+        m->taesd_path_ = files.taesd;
+    }
 
-    // UNet
-    const std::string unet_flag = files.diffusion_model.empty() ? "-m " + files.model : "--diffusion-model " + files.diffusion_model;
-    nn::LoadOptions lo;
-    lo.weight_type = parse_weight_type(opt.weight_type);
+    // UNet configuration from its headers.
+    m->unet_idx_ = open_index(m->unet_path_, m->unet_flag_.substr(0, m->unet_flag_.find(' ')));
     try {
-        m->unet_ = load_unet(*unet_idx, buft, {}, lo);
+        m->ucfg_ = infer_unet_config(*m->unet_idx_);
     } catch (const Error& e) {
         if (e.kind() == ErrorKind::ModelMismatch)
             fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
-                 unet_flag, e.what());
+                 m->unet_flag_, e.what());
         throw;
     }
-    const UNetConfig& ucfg = m->unet_.net->config();
-    if (ucfg.context_dim != 768 && ucfg.context_dim != 1024)
-        log::debug("UNet cross-attention width {} (not SD1.x 768 / SD2.x 1024): treating as SD1.x-style", ucfg.context_dim);
-    m->sd2_ = ucfg.context_dim == 1024;
+    if (m->ucfg_.context_dim != 768 && m->ucfg_.context_dim != 1024)
+        log::debug("UNet cross-attention width {} (not SD1.x 768 / SD2.x 1024): treating as SD1.x-style", m->ucfg_.context_dim);
 
-    // Text encoder
-    if (!te_idx)
-        fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", unet_flag);
-    auto encs = clip::find_clip_text_encoders(*te_idx);
-    if (encs.empty())
-        fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE",
-             files.clip_l.empty() ? "-m " + files.model : "--clip_l " + files.clip_l);
-    const clip::ClipKeys& keys = encs.front();
-    clip::ClipOverrides cov;
-    if (const nlohmann::json* cj = te_idx->config()) cov = clip::overrides_from_config_json(*cj);
-    clip::ClipConfig ccfg = clip::infer_config(*te_idx, keys, cov);
-    if (ccfg.width != ucfg.context_dim)
-        fail(ErrorKind::ModelMismatch,
-             "the text encoder's width {} does not match the UNet's cross-attention width {}: {} expects {}",
-             ccfg.width, ucfg.context_dim, m->sd2_ ? "an SD2.x UNet" : "an SD1.x UNet",
-             m->sd2_ ? "OpenCLIP ViT-H (width 1024)" : "CLIP ViT-L/14 (width 768)");
-    m->te_ = std::make_unique<clip::ClipTextModel>(ccfg);
-    {
-        nn::TensorSource src = clip::make_tensor_source(*te_idx, keys, ccfg);
-        nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, *te_idx);
-        tlo.weight_type = lo.weight_type;
-        m->te_params_ = nn::ParamBuffer::load(*m->te_, src, buft, tlo);
+    // VAE configuration from its headers (latent factor, scaling factor).
+    if (!m->vae_path_.empty()) {
+        if (m->vae_path_ == m->unet_path_ && files.diffusion_model.empty()) {
+            // the same single file: no second index
+        } else {
+            m->vae_idx_ = open_index(m->vae_path_, m->vae_flag_.substr(0, m->vae_flag_.find(' ')));
+        }
+        const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->unet_idx_;
+        m->kl_ = vae::find_autoencoder_kl(vi);
+        if (m->kl_) {
+            vae::KLOverrides kov;
+            if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+            auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
+            if (kcfg.latent_channels != 4)
+                fail(ErrorKind::ModelMismatch, "the VAE has {} latent channels; SD1.x/SD2.x need a 4-channel VAE (pass the right one with --vae)",
+                     kcfg.latent_channels);
+            m->spatial_factor_ = kcfg.spatial_factor();
+            if (const nlohmann::json* vc = vi.config(); vc && vc->contains("scaling_factor"))
+                m->scaling_factor_ = (*vc)["scaling_factor"].get<float>();
+        } else if (!files.vae.empty()) {
+            fail(ErrorKind::ModelMismatch, "--vae {}: no AutoencoderKL (VAE) found in it; pass an SD VAE", files.vae);
+        }
     }
-    // Pad id: the tokenizer's pad token when a diffusers folder says it, else the layout's.
-    m->pad_id_ = keys.layout == clip::ClipKeys::Layout::OpenClip ? text::ClipTokenizer::kOpenClipPad : text::ClipTokenizer::kEos;
-    if (tok_special && tok_special->contains("pad_token")) {
-        auto& p = (*tok_special)["pad_token"];
-        std::string s = p.is_string() ? p.get<std::string>() : (p.is_object() && p.contains("content") ? p["content"].get<std::string>() : "");
-        if (s == "<|endoftext|>") m->pad_id_ = text::ClipTokenizer::kEos;
-        else if (s == "!") m->pad_id_ = 0;
-    }
-
-    // VAE (or TAESD)
-    if (!files.taesd.empty()) {
-        auto* ti = keep(open_index(files.taesd, "--taesd"));
-        m->taesd_ = vae::TinyAutoencoder::load(*ti, m->runner_->backend());
-    }
-    if (!m->taesd_ || opt.need_encoder) {
-        if (!vae_idx) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
-        auto kl = vae::find_autoencoder_kl(*vae_idx);
-        if (!kl)
-            fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass one with --vae FILE",
-                 files.vae.empty() ? "-m " + files.model : "--vae " + files.vae);
-        m->vae_ = vae::AutoencoderKLModel::load(*vae_idx, *kl, m->runner_->backend(), {},
-                                                opt.need_encoder ? vae::KLParts::Both : vae::KLParts::DecoderOnly);
-        if (m->vae_->config().latent_channels != 4)
-            fail(ErrorKind::ModelMismatch, "the VAE has {} latent channels; SD1.x/SD2.x need a 4-channel VAE (pass the right one with --vae)",
-                 m->vae_->config().latent_channels);
-        m->spatial_factor_ = m->vae_->config().spatial_factor();
-        if (const nlohmann::json* vc = vae_idx->config(); vc && vc->contains("scaling_factor"))
-            m->scaling_factor_ = (*vc)["scaling_factor"].get<float>();
-    }
+    if (!m->kl_ && m->taesd_path_.empty())
+        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass one with --vae FILE", m->vae_flag_.empty() ? m->unet_flag_ : m->vae_flag_);
 
     // Noise process and prediction type.
     double beta_start = 0.00085, beta_end = 0.012;
     sampling::Prediction pred = sampling::Prediction::Eps;
-    std::string pred_src = "SD1.x default";
-    if (sched_cfg) {
-        if (sched_cfg->contains("beta_start")) beta_start = (*sched_cfg)["beta_start"].get<double>();
-        if (sched_cfg->contains("beta_end")) beta_end = (*sched_cfg)["beta_end"].get<double>();
-        if (sched_cfg->contains("beta_schedule") && (*sched_cfg)["beta_schedule"] != "scaled_linear")
-            fail(ErrorKind::Unsupported, "scheduler config beta_schedule {} is not supported (scaled_linear is)",
-                 (*sched_cfg)["beta_schedule"].dump());
-        if (sched_cfg->contains("prediction_type")) {
-            std::string p = (*sched_cfg)["prediction_type"].get<std::string>();
+    m->pred_src_ = "SD1.x default";
+    if (m->sched_cfg_) {
+        const auto& sc = *m->sched_cfg_;
+        if (sc.contains("beta_start")) beta_start = sc["beta_start"].get<double>();
+        if (sc.contains("beta_end")) beta_end = sc["beta_end"].get<double>();
+        if (sc.contains("beta_schedule") && sc["beta_schedule"] != "scaled_linear")
+            fail(ErrorKind::Unsupported, "scheduler config beta_schedule {} is not supported (scaled_linear is)", sc["beta_schedule"].dump());
+        if (sc.contains("prediction_type")) {
+            std::string p = sc["prediction_type"].get<std::string>();
             pred = p == "v_prediction" ? sampling::Prediction::V : sampling::Prediction::Eps;
-            pred_src = "scheduler_config.json";
+            m->pred_src_ = "scheduler_config.json";
         }
-    } else if (m->sd2_) {
-        pred = sampling::Prediction::V;  // refined below by a test evaluation
-        pred_src = "detect";
+    } else if (m->is_sd2()) {
+        pred = sampling::Prediction::V;
+        m->pred_src_ = "test evaluation";
+        m->pred_pending_ = true;
     }
     if (!opt.prediction.empty()) {
         pred = sampling::parse_prediction(opt.prediction);
-        pred_src = "--prediction";
+        m->pred_src_ = "--prediction";
+        m->pred_pending_ = false;
     }
     m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start, beta_end));
-
-    if (pred_src == "detect") {
-        // A1111's test (modules/sd_models_config.py is_using_v_parameterization_for_sd2): an
-        // eps model given x = 0.5 at t = 999 predicts roughly x; a v model predicts about -x.
-        SDConditioning c;
-        c.tokens = 77;
-        c.dim = ucfg.context_dim;
-        c.context.assign((size_t)(77 * c.dim), 0.5f);
-        std::vector<float> x((size_t)(ucfg.in_channels * 8 * 8), 0.5f), out((size_t)(4 * 8 * 8));
-        m->unet(x, 8, 8, 999.0, c, out);
-        double mean = 0;
-        for (size_t i = 0; i < out.size(); ++i) mean += out[i] - 0.5;
-        mean /= (double)out.size();
-        pred = mean < -1.0 ? sampling::Prediction::V : sampling::Prediction::Eps;
-        m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start, beta_end));
-        pred_src = "test evaluation";
-    }
-    m->describe_ = fmt::format("{} ({}), UNet {}, text encoder width {} x {} layers, {} prediction ({})", m->name(), model_desc,
-                               ucfg.summary(), ccfg.width, ccfg.layers, sampling::prediction_name(pred), pred_src);
     return m;
 }
 
-std::string StableDiffusion::name() const {
-    return std::string(sd2_ ? "SD2.x" : "SD1.x") + (is_inpaint() ? " inpainting" : "");
+void StableDiffusion::detect_prediction() {
+    // A1111's test (modules/sd_models_config.py is_using_v_parameterization_for_sd2): an eps
+    // model given x = 0.5 at t = 999 predicts roughly x; a v model predicts about -x.
+    pred_pending_ = false;
+    Conditioning c;
+    c.tokens = 77;
+    c.dim = ucfg_.context_dim;
+    c.context.assign((size_t)(77 * c.dim), 0.5f);
+    std::vector<float> x((size_t)(4 * 8 * 8), 0.5f), concat((size_t)((ucfg_.in_channels - 4) * 8 * 8), 0.5f),
+        out((size_t)(4 * 8 * 8));
+    diffusion(x, concat, 8, 8, 999.0, c, out);
+    double mean = 0;
+    for (size_t i = 0; i < out.size(); ++i) mean += out[i] - 0.5;
+    mean /= (double)out.size();
+    auto pred = mean < -1.0 ? sampling::Prediction::V : sampling::Prediction::Eps;
+    ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, 0.00085, 0.012));
 }
 
-int64_t StableDiffusion::unet_in_channels() const { return unet_.net->config().in_channels; }
+const sampling::ModelSampling& StableDiffusion::model_sampling() const {
+    if (pred_pending_) const_cast<StableDiffusion*>(this)->detect_prediction();
+    return *ms_;
+}
 
-std::string StableDiffusion::describe() const { return describe_; }
+std::string StableDiffusion::name() const {
+    return std::string(is_sd2() ? "SD2.x" : "SD1.x") + (is_inpaint() ? " inpainting" : "");
+}
 
-size_t StableDiffusion::te_param_bytes() const { return te_params_.size(); }
-size_t StableDiffusion::unet_param_bytes() const { return unet_.params.size(); }
+std::string StableDiffusion::describe() const {
+    std::string pred = pred_pending_ ? "eps/v (found by a test evaluation when sampling)"
+                                     : std::string(sampling::prediction_name(ms_->prediction())) + " (" + pred_src_ + ")";
+    return fmt::format("{} ({}), UNet {}, {} prediction{}", name(), model_desc_, ucfg_.summary(), pred,
+                       te_desc_.empty() ? "" : ", text encoder " + te_desc_);
+}
 
-SDConditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {
+LatentFormat StableDiffusion::latent_format() const {
+    LatentFormat f;
+    f.channels = 4;
+    f.spatial_factor = spatial_factor_;
+    f.scaling_factor = scaling_factor_;
+    f.shift_factor = 0.0f;
+    return f;
+}
+
+SamplingDefaults StableDiffusion::defaults() const {
+    SamplingDefaults d;
+    d.sampler = "euler_a";
+    d.scheduler = "discrete";
+    d.steps = 20;
+    d.cfg_scale = 7.0f;
+    d.clip_skip = is_sd2() ? 2 : 1;  // sd.cpp's convention
+    d.width = d.height = is_sd2() ? 768 : 512;
+    return d;
+}
+
+std::vector<std::string> StableDiffusion::module_files(Module m) const {
+    switch (m) {
+    case Module::Te: return te_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{te_path_};
+    case Module::Diffusion: return {unet_path_};
+    case Module::VaeDecoder:
+        if (!taesd_path_.empty()) return {taesd_path_};
+        return vae_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{vae_path_};
+    case Module::VaeEncoder: return vae_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{vae_path_};
+    }
+    return {};
+}
+
+runtime::GraphRunner& StableDiffusion::runner(Module m) {
+    auto make = [&](std::unique_ptr<runtime::GraphRunner>& r, ggml_backend_dev_t dev) -> runtime::GraphRunner& {
+        if (!r) r = std::make_unique<runtime::GraphRunner>(dev, opt_.threads);
+        return *r;
+    };
+    switch (m) {
+    case Module::Te: return make(te_runner_, opt_.te_device);
+    case Module::Diffusion: return make(unet_runner_, opt_.diffusion_device);
+    default: return make(vae_runner_, opt_.vae_device);
+    }
+}
+
+bool StableDiffusion::loaded(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ != nullptr;
+    case Module::Diffusion: return unet_.net != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr || (taesd_ && taesd_->has_decoder());
+    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    }
+    return false;
+}
+
+void StableDiffusion::load(Module m) {
+    if (loaded(m)) return;
+    switch (m) {
+    case Module::Te: {
+        if (te_path_.empty())
+            fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", unet_flag_);
+        const std::string flag = te_flag_.substr(0, te_flag_.find(' '));
+        std::unique_ptr<io::WeightIndex> own;
+        const io::WeightIndex* ti = nullptr;
+        if (te_path_ == unet_path_) ti = unet_idx_.get();
+        else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
+        else {
+            te_idx_ = open_index(te_path_, flag);
+            ti = te_idx_.get();
+        }
+        auto encs = clip::find_clip_text_encoders(*ti);
+        if (encs.empty())
+            fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE", te_flag_);
+        const clip::ClipKeys& keys = encs.front();
+        clip::ClipOverrides cov;
+        if (const nlohmann::json* cj = ti->config()) cov = clip::overrides_from_config_json(*cj);
+        clip::ClipConfig ccfg = clip::infer_config(*ti, keys, cov);
+        if (ccfg.width != ucfg_.context_dim)
+            fail(ErrorKind::ModelMismatch,
+                 "the text encoder's width {} does not match the UNet's cross-attention width {}: {} expects {}", ccfg.width,
+                 ucfg_.context_dim, is_sd2() ? "an SD2.x UNet" : "an SD1.x UNet",
+                 is_sd2() ? "OpenCLIP ViT-H (width 1024)" : "CLIP ViT-L/14 (width 768)");
+        auto te = std::make_unique<clip::ClipTextModel>(ccfg);
+        nn::TensorSource src = clip::make_tensor_source(*ti, keys, ccfg);
+        nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, *ti);
+        tlo.weight_type = weight_type_;
+        te_params_ = nn::ParamBuffer::load(*te, src, runner(Module::Te).buffer_type(), tlo);
+        te_ = std::move(te);
+        // Pad id: the tokenizer's pad token when a diffusers folder says it, else the layout's.
+        pad_id_ = keys.layout == clip::ClipKeys::Layout::OpenClip ? text::ClipTokenizer::kOpenClipPad : text::ClipTokenizer::kEos;
+        if (!tokenizer_special_.empty() && files_.clip_l.empty()) {
+            if (auto tok = read_json(tokenizer_special_); tok && tok->contains("pad_token")) {
+                auto& p = (*tok)["pad_token"];
+                std::string s = p.is_string() ? p.get<std::string>()
+                                              : (p.is_object() && p.contains("content") ? p["content"].get<std::string>() : "");
+                if (s == "<|endoftext|>") pad_id_ = text::ClipTokenizer::kEos;
+                else if (s == "!") pad_id_ = 0;
+            }
+        }
+        te_desc_ = fmt::format("width {} x {} layers", ccfg.width, ccfg.layers);
+        break;
+    }
+    case Module::Diffusion: {
+        nn::LoadOptions lo;
+        lo.weight_type = weight_type_;
+        try {
+            nn::TensorSource src = make_unet_source(*unet_idx_, ucfg_);
+            LoadedUNet u;
+            u.net = std::make_unique<UNet2DCondition>(ucfg_);
+            u.params = nn::ParamBuffer::load(*u.net, src, runner(Module::Diffusion).buffer_type(), lo);
+            unet_ = std::move(u);
+        } catch (const Error& e) {
+            if (e.kind() == ErrorKind::ModelMismatch)
+                fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
+                     unet_flag_, e.what());
+            throw;
+        }
+        break;
+    }
+    case Module::VaeDecoder:
+        if (!taesd_path_.empty()) {
+            taesd_idx_ = open_index(taesd_path_, "--taesd");
+            taesd_ = vae::TinyAutoencoder::load(*taesd_idx_, runner(m).backend());
+            if (!taesd_->has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
+            break;
+        }
+        [[fallthrough]];
+    case Module::VaeEncoder: {
+        if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
+        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *unet_idx_;
+        vae::KLOverrides kov;
+        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
+        slot = vae::AutoencoderKLModel::load(vi, *kl_, runner(m).backend(), kov,
+                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
+        break;
+    }
+    }
+    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
+}
+
+void StableDiffusion::unload(Module m) {
+    switch (m) {
+    case Module::Te:
+        te_params_ = nn::ParamBuffer();
+        te_.reset();
+        te_idx_.reset();
+        te_runner_.reset();
+        break;
+    case Module::Diffusion:
+        unet_.params = nn::ParamBuffer();
+        unet_.net.reset();
+        unet_runner_.reset();
+        break;
+    case Module::VaeDecoder:
+        vae_dec_.reset();
+        taesd_.reset();
+        taesd_idx_.reset();
+        if (!vae_enc_) vae_runner_.reset();
+        break;
+    case Module::VaeEncoder:
+        vae_enc_.reset();
+        if (!vae_dec_ && !taesd_) vae_runner_.reset();
+        break;
+    }
+}
+
+size_t StableDiffusion::param_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ ? te_params_.size() : 0;
+    case Module::Diffusion: return unet_.net ? unet_.params.size() : 0;
+    case Module::VaeDecoder:
+        if (vae_dec_) return bound_bytes(vae_dec_->module());
+        return 0;
+    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    }
+    return 0;
+}
+
+size_t StableDiffusion::compute_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_compute_;
+    case Module::Diffusion: return unet_compute_;
+    case Module::VaeDecoder: return vae_dec_compute_;
+    case Module::VaeEncoder: return vae_enc_compute_;
+    }
+    return 0;
+}
+
+Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {
+    load(Module::Te);
+    if (clip_skip <= 0) clip_skip = defaults().clip_skip;
     text::ChunkOptions co;
     co.pad_id = pad_id_;
     auto chunks = text::tokenize_weighted(text::ClipTokenizer::builtin(), prompt, co);
@@ -237,75 +412,95 @@ SDConditioning StableDiffusion::encode_prompt(const std::string& prompt, int cli
         if (id < 0 || id >= cfg.vocab)
             fail(ErrorKind::ModelMismatch, "token id {} is outside the text encoder's vocabulary of {} (not a CLIP text encoder?)", id,
                  cfg.vocab);
-    if (L > cfg.positions)
-        fail(ErrorKind::ModelMismatch, "the text encoder has {} positions; CLIP needs 77", cfg.positions);
+    if (L > cfg.positions) fail(ErrorKind::ModelMismatch, "the text encoder has {} positions; CLIP needs 77", cfg.positions);
 
     clip::ClipEncodeOptions eo;
     eo.clip_skip = clip_skip;
     eo.final_norm_on_skip = true;
-    runner_->set_threads(opt_.threads);
-    auto out = runner_->run([&](runtime::GraphBuilder& g) {
+    auto& run = runner(Module::Te);
+    run.set_threads(opt_.threads);
+    auto out = run.run([&](runtime::GraphBuilder& g) {
         nn::Ctx c{g.ctx(), opt_.flash_attn_te};
         clip::ClipInputs in;
         in.ids = g.input_i32("ids", {L, n}, ids);
         auto enc = te_->encode(c, in, eo);
         return std::vector<ggml_tensor*>{enc.context};
     });
-    te_compute_ = std::max(te_compute_, runner_->last_compute_bytes());
-    SDConditioning r;
+    te_compute_ = std::max(te_compute_, run.last_compute_bytes());
+    Conditioning r;
     r.dim = out[0].ne[0];
     r.tokens = L * n;
     r.context = std::move(out[0].data);
+    r.token_ids = ids;
+    r.token_weights.reserve(ids.size());
     for (int64_t k = 0; k < n; ++k) {
+        const auto& wk = chunks.weights[(size_t)k];
+        r.token_weights.insert(r.token_weights.end(), wk.begin(), wk.end());
         bool plain = true;
-        for (float w : chunks.weights[(size_t)k]) plain = plain && w == 1.0f;
+        for (float w : wk) plain = plain && w == 1.0f;
         if (plain) continue;
         std::span<float> z(r.context.data() + (size_t)(k * L * r.dim), (size_t)(L * r.dim));
-        text::apply_emphasis_original(z, (size_t)L, (size_t)r.dim, chunks.weights[(size_t)k]);
+        text::apply_emphasis_original(z, (size_t)L, (size_t)r.dim, wk);
     }
     return r;
 }
 
-void StableDiffusion::unet(const std::vector<float>& x_in, int64_t h, int64_t w, double timestep, const SDConditioning& cond,
-                           std::span<float> out) {
-    const UNetConfig& cfg = unet_.net->config();
-    if ((int64_t)x_in.size() != cfg.in_channels * h * w)
-        fail(ErrorKind::InvalidInput, "UNet input has {} values, expected {}x{}x{}", x_in.size(), cfg.in_channels, h, w);
+void StableDiffusion::diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w, double timestep,
+                                const Conditioning& cond, std::span<float> out) {
+    const UNetConfig& cfg = ucfg_;
+    const int64_t C = 4;
+    if ((int64_t)x.size() != C * h * w)
+        fail(ErrorKind::InvalidInput, "UNet latent input has {} values, expected {}x{}x{}", x.size(), C, h, w);
+    if ((int64_t)concat.size() != (cfg.in_channels - C) * h * w)
+        fail(ErrorKind::InvalidInput, "UNet extra input has {} values, expected {}x{}x{}", concat.size(), cfg.in_channels - C, h, w);
     if ((int64_t)out.size() != cfg.out_channels * h * w)
         fail(ErrorKind::InvalidInput, "UNet output buffer has {} values, expected {}x{}x{}", out.size(), cfg.out_channels, h, w);
     if (cond.dim != cfg.context_dim)
         fail(ErrorKind::ModelMismatch, "conditioning width {} does not match the UNet's cross-attention width {}", cond.dim, cfg.context_dim);
+    if ((int64_t)cond.context.size() != cond.tokens * cond.dim || cond.tokens <= 0)
+        fail(ErrorKind::InvalidInput, "conditioning context has {} values, expected {} tokens x {}", cond.context.size(), cond.tokens, cond.dim);
+    load(Module::Diffusion);
+    std::vector<float> x_in;
+    std::span<const float> xs = x;
+    if (!concat.empty()) {
+        x_in.reserve(x.size() + concat.size());
+        x_in.insert(x_in.end(), x.begin(), x.end());
+        x_in.insert(x_in.end(), concat.begin(), concat.end());
+        xs = x_in;
+    }
     const float t = (float)timestep;
-    runner_->set_threads(opt_.threads);
-    auto res = runner_->run([&](runtime::GraphBuilder& g) {
+    auto& run = runner(Module::Diffusion);
+    run.set_threads(opt_.threads);
+    auto res = run.run([&](runtime::GraphBuilder& g) {
         nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion};
         UNetInputs in;
-        in.sample = g.input_f32("sample", {w, h, cfg.in_channels, 1}, x_in);
+        in.sample = g.input_f32("sample", {w, h, cfg.in_channels, 1}, xs);
         in.timestep = g.input_f32("timestep", {1}, std::span<const float>(&t, 1));
         in.context = g.input_f32("context", {cond.dim, cond.tokens, 1}, cond.context);
         return std::vector<ggml_tensor*>{unet_.net->forward(c, in)};
     });
-    unet_compute_ = std::max(unet_compute_, runner_->last_compute_bytes());
+    unet_compute_ = std::max(unet_compute_, run.last_compute_bytes());
     std::copy(res[0].data.begin(), res[0].data.end(), out.begin());
 }
 
 vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
+    if (latent.c != 4) fail(ErrorKind::InvalidInput, "latent has {} channels; SD1.x/SD2.x latents have 4", latent.c);
+    load(Module::VaeDecoder);
     vae::ExecOptions ex;
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
     if (taesd_) return taesd_->decode(latent, ex);
     vae::HostTensor z = latent;
     for (auto& v : z.data) v /= scaling_factor_;
-    return vae_->decode(z, tiling, ex);
+    return vae_dec_->decode(z, tiling, ex);
 }
 
 vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
-    if (!vae_ || !vae_->module().has_encoder())
-        fail(ErrorKind::Internal, "VAE encoder not loaded (load with need_encoder)");
+    load(Module::VaeEncoder);
     vae::ExecOptions ex;
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
-    return vae_->encode(image, tiling, ex);
+    return vae_enc_->encode(image, tiling, ex);
 }
 
 }  // namespace easel::models::sd

@@ -6,15 +6,22 @@
 // flags (--diffusion-model, --vae, --taesd, --clip_l), then -m (a single file in the original
 // ldm layout, a diffusers pipeline folder, or a GGUF).
 //
+// Lazy loading (models::Family): open() reads only headers: the UNet's (its configuration
+// decides SD1.x vs SD2.x and in-painting) and the VAE's (latent factor, scaling factor). The
+// text encoder's file is not even opened until load(Module::Te), so a cached conditioning
+// never touches it. Each module has its own weights and its own GraphRunner on its device
+// (FamilyOptions::te_device / diffusion_device / vae_device) and is freed by unload().
+//
 // Conditioning recipe (A1111, which SD1.x users expect; identical to diffusers'
 // StableDiffusionPipeline.encode_prompt for prompts without emphasis or BREAK and at most 75
 // tokens): the prompt is parsed for attention syntax, tokenized into 77-token windows
 // (BOS + 75 + EOS/pad), each window encoded separately, A1111's "Original" emphasis applied,
-// and the windows concatenated along the sequence axis: context [1, 77*k, D].
+// and the windows concatenated along the sequence axis: context [77*k, D].
 #pragma once
 
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
+#include "models/family.h"
 #include "models/sd/unet.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/taesd.h"
@@ -22,107 +29,92 @@
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace easel::models::sd {
 
-/// Which files to load. Empty strings are absent.
-struct SDFiles {
-    std::string model;            ///< -m: single file / GGUF / diffusers folder
-    std::string diffusion_model;  ///< --diffusion-model
-    std::string vae;              ///< --vae
-    std::string taesd;            ///< --taesd
-    std::string clip_l;           ///< --clip_l (the SD text encoder)
-};
-
-/// Load-time options.
-struct SDOptions {
-    ggml_backend_dev_t device = nullptr;   ///< nullptr: CPU
-    int threads = 0;                        ///< CPU threads (<= 0: all)
-    bool flash_attn_te = false;             ///< --fa
-    bool flash_attn_diffusion = false;      ///< --fa or --diffusion-fa
-    std::string weight_type;                ///< --type ("" keeps the stored types)
-    std::string prediction;                 ///< --prediction override ("" = detect)
-    bool need_encoder = false;              ///< load the VAE encoder (img2img, inpainting)
-};
-
-/// Prompt conditioning for the UNet: context [1, L, D] (row-major, D fastest; L = 77*k).
-struct SDConditioning {
-    std::vector<float> context;
-    int64_t tokens = 0;  ///< L
-    int64_t dim = 0;     ///< D
-};
-
-/// A loaded SD1.x/SD2.x model.
-class StableDiffusion {
+/// An SD1.x/SD2.x model bound to the user's files; modules load on demand.
+class StableDiffusion final : public Family {
 public:
-    /// Loads every module needed for generation. Throws Error(ModelMismatch) when a file is
-    /// not of this family (e.g. a VAE passed as -m) naming the slot and the fix, Error(Io) for
-    /// unreadable files, Error(OutOfMemory) when weights do not fit.
-    static std::unique_ptr<StableDiffusion> load(const SDFiles& files, const SDOptions& opt);
-    ~StableDiffusion();
+    /// Resolves every module's source and reads the UNet's and the VAE's headers (no weights,
+    /// and nothing of the text encoder). Throws Error(ModelMismatch) when a file is not of this
+    /// family (e.g. a VAE passed as -m) naming the slot and the fix, Error(Io) for missing or
+    /// unreadable files, Error(InvalidInput) for a bad --type.
+    static std::unique_ptr<StableDiffusion> open(const ModelFiles& files, const FamilyOptions& opt);
+    ~StableDiffusion() override;
 
-    /// "SD1.x" or "SD2.x" (+ " inpainting").
-    std::string name() const;
-    bool is_sd2() const { return sd2_; }
-    bool is_inpaint() const { return unet_in_channels() == 9; }
-    int64_t unet_in_channels() const;
-    int64_t latent_channels() const { return 4; }
-    /// Pixels per latent cell (8).
-    int spatial_factor() const { return spatial_factor_; }
-    /// 0.18215 (SD1.x/2.x); the KL latent is divided by it before decoding.
-    float scaling_factor() const { return scaling_factor_; }
-    /// The noise process: discrete betas from the scheduler config when given, else SD's.
-    const sampling::ModelSampling& model_sampling() const { return *ms_; }
-    /// Default clip skip (1 for SD1.x, 2 for SD2.x; sd.cpp's convention).
-    int default_clip_skip() const { return sd2_ ? 2 : 1; }
-    /// A short description of the weight sources, for logs.
-    std::string describe() const;
+    // models::Family
+    std::string name() const override;  ///< "SD1.x" or "SD2.x" (+ " inpainting")
+    std::string describe() const override;
+    LatentFormat latent_format() const override;
+    /// The noise process: discrete betas from the scheduler config when given, else SD's. For an
+    /// SD2.x file without a scheduler config the prediction type (eps or v) is found by a test
+    /// evaluation of the UNet, which loads Module::Diffusion on the first call.
+    const sampling::ModelSampling& model_sampling() const override;
+    SamplingDefaults defaults() const override;
+    int64_t diffusion_in_channels() const override { return ucfg_.in_channels; }
+    std::vector<std::string> module_files(Module m) const override;
+    void load(Module m) override;
+    void unload(Module m) override;
+    bool loaded(Module m) const override;
+    /// Conditioning: context [77k, D], token_ids [77k] (the ids the encoder saw, padded) and
+    /// token_weights [77k] (A1111 emphasis, all 1 without emphasis); no pooled vector or mask.
+    Conditioning encode_prompt(const std::string& prompt, int clip_skip) override;
+    void diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w, double timestep,
+                   const Conditioning& cond, std::span<float> out) override;
+    vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) override;
+    vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
+    size_t param_bytes(Module m) const override;
+    size_t compute_bytes(Module m) const override;
 
-    /// Encodes a prompt (A1111 syntax; LoRA tags must already be removed).
-    SDConditioning encode_prompt(const std::string& prompt, int clip_skip);
-
-    /// One UNet evaluation: x_in [N, Cin, H, W] latent (N = 1), timestep, context -> prediction
-    /// [N, 4, H, W] written to out. Throws Error(InvalidInput) on size mismatch.
-    void unet(const std::vector<float>& x_in, int64_t h, int64_t w, double timestep, const SDConditioning& cond,
-              std::span<float> out);
-
-    /// latent (UNet space, [1, 4, h, w]) -> image [1, 3, h*f, w*f] in about [-1, 1].
-    vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling);
-    /// image [1, 3, H, W] in [-1, 1] -> KL posterior (mean, logvar) in the raw KL space.
-    vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling);
-    bool uses_taesd() const { return taesd_ != nullptr; }
-
-    /// Peak compute-buffer bytes measured per module so far ("te", "diffusion", "vae").
-    size_t te_compute_bytes() const { return te_compute_; }
-    size_t unet_compute_bytes() const { return unet_compute_; }
-    /// Parameter bytes loaded per module.
-    size_t te_param_bytes() const;
-    size_t unet_param_bytes() const;
-    size_t vae_param_bytes() const { return vae_param_bytes_; }
+    bool is_sd2() const { return ucfg_.context_dim == 1024; }
+    bool is_inpaint() const { return ucfg_.in_channels == 9; }
+    bool uses_taesd() const { return !taesd_path_.empty(); }
 
 private:
     StableDiffusion() = default;
 
-    bool sd2_ = false;
+    runtime::GraphRunner& runner(Module m);
+    void detect_prediction();
+
+    ModelFiles files_;
+    FamilyOptions opt_;
+    ggml_type weight_type_ = GGML_TYPE_COUNT;
+
+    // Sources (resolved at open). Paths of files/folders; empty = absent.
+    std::string unet_path_, vae_path_, te_path_, taesd_path_;
+    std::string unet_flag_, vae_flag_, te_flag_;  ///< "-m X" / "--vae X" ... for messages
+    std::optional<nlohmann::json> sched_cfg_;
+    std::filesystem::path tokenizer_special_;  ///< special_tokens_map.json of a diffusers folder
+    std::string model_desc_;
+
+    // Header-level facts.
+    std::unique_ptr<io::WeightIndex> unet_idx_, vae_idx_, te_idx_;  // te_idx_ only while Te loaded
+    UNetConfig ucfg_;
+    std::optional<vae::KLSource> kl_;
     int spatial_factor_ = 8;
     float scaling_factor_ = 0.18215f;
-    int32_t pad_id_ = text::ClipTokenizer::kEos;
-    std::unique_ptr<sampling::ModelSampling> ms_;
-    std::string describe_;
-    SDOptions opt_;
+    mutable std::unique_ptr<sampling::ModelSampling> ms_;
+    mutable bool pred_pending_ = false;  ///< prediction to be found by a test evaluation
+    std::string pred_src_;
 
-    std::vector<std::unique_ptr<io::WeightIndex>> indexes_;
-    std::unique_ptr<runtime::GraphRunner> runner_;
+    // Loaded modules.
+    std::unique_ptr<runtime::GraphRunner> te_runner_, unet_runner_, vae_runner_;
     std::unique_ptr<clip::ClipTextModel> te_;
     nn::ParamBuffer te_params_;
+    int32_t pad_id_ = text::ClipTokenizer::kEos;
+    std::string te_desc_;
     LoadedUNet unet_;
-    std::unique_ptr<vae::AutoencoderKLModel> vae_;
+    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
+    std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;
-    size_t vae_param_bytes_ = 0;
-    size_t te_compute_ = 0, unet_compute_ = 0;
+    size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 
 }  // namespace easel::models::sd

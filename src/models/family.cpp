@@ -1,0 +1,80 @@
+#include "models/family.h"
+
+#include "core/error.h"
+#include "io/detect.h"
+#include "io/diffusers.h"
+#include "io/weight_index.h"
+#include "models/sd/stable_diffusion.h"
+
+#include <filesystem>
+#include <functional>
+
+namespace easel::models {
+
+namespace fs = std::filesystem;
+
+const char* module_name(Module m) {
+    switch (m) {
+    case Module::Te: return "te";
+    case Module::Diffusion: return "diffusion";
+    case Module::VaeDecoder: return "vae";
+    case Module::VaeEncoder: return "vae encoder";
+    }
+    return "?";
+}
+
+namespace {
+
+using Opener = std::function<std::unique_ptr<Family>(const ModelFiles&, const FamilyOptions&)>;
+
+/// io::detect's family name -> the family that runs it. One line per family.
+struct FamilyEntry {
+    const char* detected;  ///< Detection::family
+    Opener open;
+};
+
+const std::vector<FamilyEntry>& family_table() {
+    static const std::vector<FamilyEntry> t = {
+        {"SD1.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
+        {"SD2.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
+    };
+    return t;
+}
+
+/// The file or folder holding the diffusion model and the flag that named it.
+std::pair<fs::path, std::string> diffusion_source(const ModelFiles& files) {
+    if (!files.diffusion_model.empty()) return {files.diffusion_model, "--diffusion-model"};
+    if (io::is_pipeline_folder(files.model)) {
+        for (auto& c : io::list_pipeline_components(files.model))
+            if (c.name == "unet" || c.name == "transformer") return {c.folder, "-m"};
+    }
+    return {files.model, "-m"};
+}
+
+}  // namespace
+
+std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions& opt) {
+    if (files.model.empty() && files.diffusion_model.empty())
+        fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder) or --diffusion-model");
+    auto [path, flag] = diffusion_source(files);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path.string());
+    io::Detection d;
+    {
+        io::WeightIndex wi = io::WeightIndex::open(path);  // headers only
+        d = io::detect(wi);
+    }
+    for (const auto& e : family_table())
+        if (d.family == e.detected) return e.open(files, opt);
+    // Not a family of the table. A bare UNet file (--diffusion-model) may be detected only as
+    // "diffusion model" parts; let the SD family decide from the UNet's own keys.
+    bool has_unet = false;
+    for (auto& c : d.components) has_unet = has_unet || c.kind == "unet";
+    if (has_unet && d.family != "SDXL") return sd::StableDiffusion::open(files, opt);
+    std::string found = d.family == "unknown" ? "nothing easel recognises" : d.family + (d.variant.empty() ? "" : " " + d.variant);
+    fail(ErrorKind::ModelMismatch,
+         "{} {}: holds {}, not a diffusion model easel runs (no SD1.x/SD2.x UNet); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
+         flag, path.string(), found);
+}
+
+}  // namespace easel::models

@@ -1,0 +1,489 @@
+#include "pipeline/stages.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "text/prompt_syntax.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <cstring>
+#include <type_traits>
+#include <variant>
+
+namespace easel::pipeline {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+void add_cond(Artifact& a, const std::string& p, const models::Conditioning& c) {
+    if (!c.context.empty()) a.add_f32(p + ".context", {c.tokens, c.dim}, c.context);
+    if (!c.pooled.empty()) a.add_f32(p + ".pooled", {(int64_t)c.pooled.size()}, c.pooled);
+    if (!c.mask.empty()) a.add_u8(p + ".mask", {(int64_t)c.mask.size()}, c.mask);
+    if (!c.token_ids.empty()) a.add_i32(p + ".token_ids", {(int64_t)c.token_ids.size()}, c.token_ids);
+    if (!c.token_weights.empty()) a.add_f32(p + ".token_weights", {(int64_t)c.token_weights.size()}, c.token_weights);
+}
+
+models::Conditioning read_cond(const Artifact& a, const std::string& p, const std::string& what) {
+    models::Conditioning c;
+    if (const auto* t = a.find(p + ".context")) {
+        if (t->shape.size() != 2) fail(ErrorKind::InvalidInput, "{}: {}.context must be 2-D [tokens, dim]", what, p);
+        c.tokens = t->shape[0];
+        c.dim = t->shape[1];
+        c.context = a.f32(p + ".context", what);
+    }
+    if (a.has(p + ".pooled")) c.pooled = a.f32(p + ".pooled", what);
+    if (a.has(p + ".mask")) {
+        c.mask = a.u8(p + ".mask", what);
+        if ((int64_t)c.mask.size() != c.tokens) fail(ErrorKind::InvalidInput, "{}: {}.mask has {} values for {} tokens", what, p, c.mask.size(), c.tokens);
+    }
+    if (a.has(p + ".token_ids")) c.token_ids = a.i32(p + ".token_ids", what);
+    if (a.has(p + ".token_weights")) c.token_weights = a.f32(p + ".token_weights", what);
+    if (c.empty()) fail(ErrorKind::InvalidInput, "{}: holds no {} conditioning", what, p);
+    return c;
+}
+
+nlohmann::json parse_params(const Artifact& a, const std::string& what) {
+    try {
+        auto j = nlohmann::json::parse(a.at("params", what));
+        if (!j.is_object()) throw std::runtime_error("not an object");
+        return j;
+    } catch (const Error&) {
+        throw;
+    } catch (const std::exception&) {
+        fail(ErrorKind::InvalidInput, "{}: metadata 'params' is not a JSON object", what);
+    }
+}
+
+std::string dump_value(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+}  // namespace
+
+std::string family_base_name(const std::string& family) {
+    const std::string suf = " inpainting";
+    if (family.size() > suf.size() && family.compare(family.size() - suf.size(), suf.size(), suf) == 0)
+        return family.substr(0, family.size() - suf.size());
+    return family;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+PromptConditioning encode_prompts(models::Family& fam, const std::string& prompt, const std::string& negative_prompt,
+                                  int clip_skip, bool need_negative) {
+    PromptConditioning r;
+    r.prompt = prompt;
+    r.negative_prompt = negative_prompt;
+    r.family = family_base_name(fam.name());
+    r.clip_skip = clip_skip > 0 ? clip_skip : fam.defaults().clip_skip;
+    text::PromptTags tags = text::extract_extra_networks(prompt);
+    if (!tags.loras.empty())
+        log::warn("LoRA tags in the prompt are not applied yet (LoRA support is a later feature): {} ignored", tags.loras.size());
+    text::PromptTags ntags = text::extract_extra_networks(negative_prompt);
+    const double t0 = now_s();
+    fam.load(models::Module::Te);
+    r.positive = fam.encode_prompt(tags.text, r.clip_skip);
+    if (need_negative) {
+        r.negative = fam.encode_prompt(ntags.text, r.clip_skip);
+        r.has_negative = true;
+    }
+    r.encode_s = now_s() - t0;
+    return r;
+}
+
+Artifact conditioning_artifact(const PromptConditioning& c) {
+    Artifact a;
+    a.kind = ArtifactKind::Conditioning;
+    add_cond(a, "positive", c.positive);
+    if (c.has_negative) add_cond(a, "negative", c.negative);
+    a.meta["model"] = c.family;
+    a.meta["model_fingerprint"] = c.model_fingerprint;
+    nlohmann::ordered_json p;
+    p["prompt"] = c.prompt;
+    p["negative_prompt"] = c.negative_prompt;
+    p["clip_skip"] = c.clip_skip;
+    p["has_negative"] = c.has_negative;
+    a.meta["params"] = p.dump();
+    a.meta["encode_seconds"] = fmt::format("{:.6f}", c.encode_s);
+    return a;
+}
+
+PromptConditioning conditioning_from_artifact(const Artifact& a, const std::string& what) {
+    PromptConditioning c;
+    auto p = parse_params(a, what);
+    c.family = a.at("model", what);
+    c.model_fingerprint = a.meta.count("model_fingerprint") ? a.meta.at("model_fingerprint") : "";
+    c.prompt = p.value("prompt", "");
+    c.negative_prompt = p.value("negative_prompt", "");
+    c.clip_skip = p.value("clip_skip", 0);
+    c.has_negative = p.value("has_negative", false);
+    c.positive = read_cond(a, "positive", what);
+    if (c.has_negative) c.negative = read_cond(a, "negative", what);
+    if (a.meta.count("encode_seconds")) {
+        try {
+            c.encode_s = std::stod(a.meta.at("encode_seconds"));
+        } catch (...) {
+        }
+    }
+    return c;
+}
+
+std::string conditioning_hash(const PromptConditioning& c) { return artifact_data_hash(conditioning_artifact(c)); }
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+void latent_meta(Artifact& a, const models::Family& fam, const char* space, const nlohmann::json& params) {
+    a.kind = ArtifactKind::Latent;
+    a.meta["latent_space"] = space;
+    a.meta["model"] = fam.name();
+    auto lf = fam.latent_format();
+    a.meta["latent_channels"] = std::to_string(lf.channels);
+    a.meta["spatial_factor"] = std::to_string(lf.spatial_factor);
+    a.meta["scaling_factor"] = fmt::format("{}", lf.scaling_factor);
+    a.meta["shift_factor"] = fmt::format("{}", lf.shift_factor);
+    a.meta["params"] = params.dump();
+}
+}  // namespace
+
+Artifact posterior_artifact(const vae::LatentDist& d, const models::Family& fam, const nlohmann::json& params) {
+    Artifact a;
+    latent_meta(a, fam, "posterior", params);
+    const auto& m = d.mean;
+    a.add_f32("mean", {m.n, m.c, m.h, m.w}, m.data);
+    a.add_f32("logvar", {d.logvar.n, d.logvar.c, d.logvar.h, d.logvar.w}, d.logvar.data);
+    return a;
+}
+
+Artifact latent_artifact(std::span<const float> z, int64_t C, int64_t h, int64_t w, const models::Family& fam,
+                         const nlohmann::json& params) {
+    Artifact a;
+    latent_meta(a, fam, "diffusion", params);
+    a.add_f32("latent", {1, C, h, w}, z);
+    return a;
+}
+
+LoadedLatent load_latent(const fs::path& path, const models::Family& fam) {
+    const std::string what = path.string();
+    Artifact a = read_artifact(path, ArtifactKind::Latent);
+    LoadedLatent r;
+    r.space = a.at("latent_space", what);
+    r.hash = artifact_data_hash(a);
+    const std::string name = r.space == "posterior" ? "mean" : r.space == "diffusion" ? "latent" : "";
+    if (name.empty()) fail(ErrorKind::InvalidInput, "{}: unknown latent_space '{}' (posterior or diffusion)", what, r.space);
+    const ArtifactTensor* t = a.find(name);
+    if (!t || t->shape.size() != 4 || t->shape[0] != 1)
+        fail(ErrorKind::InvalidInput, "{}: tensor '{}' must be [1, C, h, w]", what, name);
+    r.c = t->shape[1];
+    r.h = t->shape[2];
+    r.w = t->shape[3];
+    const auto lf = fam.latent_format();
+    if (r.c != lf.channels)
+        fail(ErrorKind::ModelMismatch, "{}: a {}-channel latent (made by {}); {} latents have {} channels", what, r.c,
+             a.meta.count("model") ? a.meta.at("model") : "an unknown model", fam.name(), lf.channels);
+    if (a.meta.count("model") && family_base_name(a.meta.at("model")) != family_base_name(fam.name()))
+        fail(ErrorKind::ModelMismatch, "{}: made by a {} model, this is {}", what, a.meta.at("model"), fam.name());
+    if (r.space == "posterior") {
+        vae::LatentDist d;
+        d.mean = vae::HostTensor(1, r.c, r.h, r.w);
+        d.logvar = vae::HostTensor(1, r.c, r.h, r.w);
+        d.mean.data = a.f32("mean", what);
+        d.logvar.data = a.f32("logvar", what);
+        if (d.logvar.data.size() != d.mean.data.size()) fail(ErrorKind::InvalidInput, "{}: mean and logvar differ in size", what);
+        r.posterior = std::move(d);
+    } else {
+        r.latent = a.f32("latent", what);
+    }
+    return r;
+}
+
+vae::LatentDist encode_image(models::Family& fam, const Image& im, const vae::TilingOptions& tiling) {
+    vae::HostTensor img(1, 3, im.height, im.width);
+    img.data = image_to_planar(im, -1.0f, 1.0f);
+    return fam.encode(img, tiling);
+}
+
+Image decode_latent(models::Family& fam, std::span<const float> z, int64_t h, int64_t w, const vae::TilingOptions& tiling) {
+    const int64_t C = fam.latent_format().channels;
+    if ((int64_t)z.size() != C * h * w) fail(ErrorKind::InvalidInput, "latent has {} values, expected {}x{}x{}", z.size(), C, h, w);
+    vae::HostTensor t(1, C, h, w);
+    t.data.assign(z.begin(), z.end());
+    vae::HostTensor img = fam.decode(t, tiling);
+    return image_from_planar(img.data, (int)img.w, (int)img.h, 3, -1.0f, 1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job, bool has_init, int* start_out) {
+    const sampling::ModelSampling& ms = fam.model_sampling();
+    sampling::Schedule full;
+    if (job.method == sampling::SamplerKind::DdimTrailing) full = sampling::ddim_trailing_schedule(ms, job.steps);
+    else if (job.method == sampling::SamplerKind::DpmPP2M && !ms.is_flow() &&
+             (job.scheduler == sampling::SchedulerKind::Discrete || job.scheduler == sampling::SchedulerKind::Karras))
+        // DPM++ 2M runs on diffusers' DPMSolverMultistepScheduler timesteps (integer timesteps,
+        // linspace over n+1 points), so that it equals diffusers' "DPM++ 2M" pipelines.
+        full = sampling::diffusers_dpmsolver_schedule(ms, job.steps, job.scheduler == sampling::SchedulerKind::Karras);
+    else full = sampling::make_schedule(ms, job.scheduler, job.steps, fam.schedule_options());
+    int start = 0;
+    if (has_init) {
+        // diffusers' img2img rule (StableDiffusionImg2ImgPipeline.get_timesteps): int(steps *
+        // strength) steps run, from step steps - that; at least one step runs.
+        int run = std::min(job.steps, (int)((double)job.steps * job.strength));
+        if (run < 1) {
+            log::warn("--strength {} with {} steps runs no step: running 1", job.strength, job.steps);
+            run = 1;
+        }
+        start = job.steps - run;
+    }
+    if (start_out) *start_out = start;
+    sampling::Schedule s;
+    s.sigmas.assign(full.sigmas.begin() + start, full.sigmas.end());
+    s.timesteps.assign(full.timesteps.begin() + start, full.timesteps.end());
+    return s;
+}
+
+nlohmann::json job_params(const DenoiseJob& job, const std::string& family, const std::string& model_fingerprint,
+                          const std::string& conditioning_hash, const std::string& init_hash) {
+    nlohmann::ordered_json j;
+    j["family"] = family;
+    j["model_fingerprint"] = model_fingerprint;
+    j["sampler"] = sampling::sampler_name(job.method);
+    j["scheduler"] = sampling::scheduler_name(job.scheduler);
+    j["steps"] = job.steps;
+    j["seed"] = job.seed;
+    j["width"] = job.width;
+    j["height"] = job.height;
+    j["cfg_scale"] = job.cfg_scale;
+    j["eta"] = job.eta;
+    j["rng"] = sampling::rng_kind_name(job.rng);
+    j["sampler_rng"] = sampling::rng_kind_name(job.sampler_rng);
+    j["strength"] = init_hash.empty() ? nlohmann::json(nullptr) : nlohmann::json(job.strength);
+    j["conditioning_hash"] = conditioning_hash;
+    j["init_hash"] = init_hash;
+    return nlohmann::json(j);
+}
+
+DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseInputs& in, const DenoiseControl& control) {
+    if (!in.cond) fail(ErrorKind::Internal, "denoise: no conditioning");
+    const bool cfg = job.cfg_scale != 1.0f;
+    if (cfg && !in.cond->has_negative)
+        fail(ErrorKind::InvalidInput, "the conditioning has no negative prompt (it was encoded with --cfg-scale 1); encode it again with "
+             "the CFG scale of this job, or run with --cfg-scale 1");
+    const auto lf = fam.latent_format();
+    const int f = lf.spatial_factor;
+    const int64_t h = job.height / f, w = job.width / f, C = lf.channels, n = C * h * w;
+    const bool has_init = in.init_posterior || in.init_latent;
+    const bool has_mask = in.mask != nullptr;
+    const int64_t cin = fam.diffusion_in_channels();
+    if (cin != C && !(has_mask && in.masked_posterior))
+        fail(ErrorKind::InvalidInput, "this is an in-painting model: pass -i IMAGE and --mask MASK (white = repaint)");
+    if (control.resume && has_mask)
+        fail(ErrorKind::Unsupported, "resume is not supported for inpainting yet (the blend state is not checkpointed); run it again without --resume");
+
+    fam.load(models::Module::Diffusion);
+    const auto& ms = fam.model_sampling();
+    const bool flow = ms.is_flow();
+    const sampling::Schedule schedule = job_schedule(fam, job, has_init);
+
+    // Draw order as diffusers' pipelines: init-image posterior, initial noise, then (inpainting)
+    // the masked-image posterior, which ordinary models do not use but still draw.
+    sampling::Rng rng(job.rng, (uint64_t)job.seed);
+    std::vector<float> x0;
+    if (in.init_posterior) {
+        // diffusers retrieve_latents(sample_mode="sample"): mean + std * randn, then * scaling factor
+        auto eps = rng.randn(n);
+        x0.resize((size_t)n);
+        const auto& d = *in.init_posterior;
+        for (size_t i = 0; i < x0.size(); ++i)
+            x0[i] = (d.mean.data[i] + std::exp(0.5f * d.logvar.data[i]) * eps[i]) * lf.scaling_factor;
+    } else if (in.init_latent) {
+        x0 = *in.init_latent;
+    }
+    if (has_init && (int64_t)x0.size() != n)
+        fail(ErrorKind::InvalidInput, "init latent has {} values; {}x{} needs {}", x0.size(), job.width, job.height, n);
+    std::vector<float> noise = rng.randn(n);
+    std::vector<float> concat;  // in-painting UNets: mask [1, h, w] + masked-image latent [C, h, w]
+    if (has_mask) {
+        auto eps = rng.randn(n);
+        if (in.masked_posterior && cin != C) {
+            concat.assign(in.mask->begin(), in.mask->end());
+            const auto& d = *in.masked_posterior;
+            for (int64_t i = 0; i < n; ++i)
+                concat.push_back((d.mean.data[(size_t)i] + std::exp(0.5f * d.logvar.data[(size_t)i]) * eps[(size_t)i]) * lf.scaling_factor);
+        }
+    }
+    // Inpainting at full strength starts from pure noise (diffusers is_strength_max); img2img
+    // adds noise to the init latent at the first sigma.
+    const bool pure_noise = !has_init || (has_mask && schedule.sigmas.size() == (size_t)job.steps + 1);
+
+    DenoiseResult res;
+    std::optional<sampling::Sampler> sampler;
+    if (control.resume) {
+        sampler.emplace(*control.resume);
+        res.resumed_at = control.resume->step;
+    } else {
+        std::vector<float> x = sampling::noise_latent(pure_noise ? std::vector<float>{} : x0, noise, schedule.sigmas[0], flow);
+        sampling::Rng srng = job.sampler_rng == job.rng ? rng : sampling::Rng(job.sampler_rng, (uint64_t)job.seed);
+        sampler.emplace(job.method, schedule, std::vector<int64_t>{1, C, h, w}, std::move(x), srng, flow, job.eta);
+    }
+
+    const models::Conditioning& pos = in.cond->positive;
+    const models::Conditioning& neg = in.cond->negative;
+    sampling::ModelFn fn = [&](std::span<const float> x_in, double t, sampling::Branch br, std::span<float> out) {
+        fam.diffusion(x_in, concat, h, w, t, br == sampling::Branch::Cond ? pos : neg, out);
+    };
+    sampling::Denoiser den(ms, fn, job.cfg_scale);
+    const bool blend = has_mask && cin == C;
+    while (!sampler->done()) {
+        auto ts = Clock::now();
+        sampler->step(den);
+        if (blend) {
+            // ordinary model inpainting: keep the known region at the current noise level
+            auto st = sampler->state();
+            float sigma = st.sigmas[(size_t)st.step];
+            auto known = sampling::noise_latent(x0, noise, sigma, flow);
+            sampling::inpaint_blend(st.x, known, *in.mask, st.shape);
+            sampler.emplace(std::move(st));
+        }
+        if (!control.checkpoint_dir.empty() && !has_mask)
+            write_checkpoint(checkpoint_path(control.checkpoint_dir, control.image, sampler->step_index()), sampler->state(), control.job);
+        double dt = std::chrono::duration<double>(Clock::now() - ts).count();
+        res.step_s.push_back(dt);
+        if (control.progress) control.progress((int)sampler->step_index(), sampler->steps(), dt);
+    }
+    res.latent = sampler->result();
+    return res;
+}
+
+fs::path checkpoint_path(const fs::path& dir, int image, int64_t step) {
+    return dir / fmt::format("image{}-step{:04d}.safetensors", image + 1, step);
+}
+
+std::optional<fs::path> find_checkpoint(const fs::path& dir, int image, int64_t step) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return std::nullopt;
+    if (step >= 0) {
+        fs::path p = checkpoint_path(dir, image, step);
+        if (fs::is_regular_file(p, ec)) return p;
+        return std::nullopt;
+    }
+    const std::regex re(fmt::format("image{}-step([0-9]+)\\.safetensors", image + 1));
+    std::optional<fs::path> best;
+    long best_step = -1;
+    for (auto& e : fs::directory_iterator(dir, ec)) {
+        std::smatch m;
+        const std::string name = e.path().filename().string();
+        if (!std::regex_match(name, m, re)) continue;
+        long s = std::stol(m[1].str());
+        if (s > best_step) {
+            best_step = s;
+            best = e.path();
+        }
+    }
+    return best;
+}
+
+void write_checkpoint(const fs::path& path, const sampling::SamplerState& st, const nlohmann::json& job) {
+    Artifact a;
+    a.kind = ArtifactKind::Checkpoint;
+    for (auto& [k, v] : st.to_map()) {
+        std::visit(
+            [&](const auto& vec) {
+                using T = typename std::decay_t<decltype(vec)>::value_type;
+                if constexpr (std::is_same_v<T, float>) a.add_f32("state." + k, {(int64_t)vec.size()}, vec);
+                else if constexpr (std::is_same_v<T, int64_t>) a.add_i64("state." + k, {(int64_t)vec.size()}, vec);
+                else a.add_u8("state." + k, {(int64_t)vec.size()}, vec);
+            },
+            v);
+    }
+    a.meta["model"] = job.value("family", "");
+    a.meta["model_fingerprint"] = job.value("model_fingerprint", "");
+    a.meta["params"] = job.dump();
+    a.meta["step"] = std::to_string(st.step);
+    write_artifact(path, a);
+}
+
+sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::json& job, const sampling::Schedule& schedule) {
+    const std::string what = path.string();
+    Artifact a = read_artifact(path, ArtifactKind::Checkpoint);
+    nlohmann::json saved = parse_params(a, what);
+    std::vector<std::string> diffs;
+    for (auto& [k, v] : job.items()) {
+        if (!saved.contains(k)) {
+            diffs.push_back(fmt::format("{}: missing in the checkpoint", k));
+            continue;
+        }
+        const auto& s = saved[k];
+        bool same = s == v;
+        if (!same && s.is_number() && v.is_number()) same = s.get<double>() == v.get<double>();
+        if (!same) diffs.push_back(fmt::format("{}: checkpoint {}, now {}", k, dump_value(s), dump_value(v)));
+    }
+    sampling::StateMap m;
+    for (auto& t : a.tensors) {
+        if (t.name.rfind("state.", 0) != 0) continue;
+        const std::string key = t.name.substr(6);
+        if (t.dtype == "F32") m[key] = a.f32(t.name, what);
+        else if (t.dtype == "I64") m[key] = a.i64(t.name, what);
+        else if (t.dtype == "U8") m[key] = a.u8(t.name, what);
+        else fail(ErrorKind::InvalidInput, "{}: tensor {} has dtype {}", what, t.name, t.dtype);
+    }
+    sampling::SamplerState st;
+    try {
+        st = sampling::SamplerState::from_map(m);
+    } catch (const Error& e) {
+        fail(ErrorKind::InvalidInput, "{}: bad sampler state ({})", what, e.what());
+    }
+    if (st.sigmas.size() != schedule.sigmas.size() ||
+        std::memcmp(st.sigmas.data(), schedule.sigmas.data(), st.sigmas.size() * sizeof(float)) != 0)
+        diffs.push_back(fmt::format("sigmas: the checkpoint's {} sigmas differ from this job's {}", st.sigmas.size(), schedule.sigmas.size()));
+    if (!diffs.empty()) {
+        std::string msg;
+        for (auto& d : diffs) msg += (msg.empty() ? "" : "; ") + d;
+        fail(ErrorKind::InvalidInput, "{}: checkpoint does not match this job ({}); resume with the same model and flags, or start without --resume",
+             what, msg);
+    }
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+size_t read_vm_hwm() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0) return (size_t)std::stoull(line.substr(6)) * 1024;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;
+}
+std::string mib(size_t b) { return fmt::format("{:.1f} MiB", (double)b / 1048576.0); }
+}  // namespace
+
+StageMeter::StageMeter() : t0_(now_s()) {
+    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+        std::fputs("5", f);  // reset the peak RSS (VmHWM) to the current RSS
+        std::fclose(f);
+    }
+}
+
+size_t StageMeter::peak_rss() const { return read_vm_hwm(); }
+double StageMeter::seconds() const { return now_s() - t0_; }
+
+void log_stage(const std::string& stage, const models::Family& fam, std::initializer_list<models::Module> modules,
+               const StageMeter& meter) {
+    std::string parts;
+    for (auto m : modules)
+        parts += fmt::format("{}{} parameters {}, compute {}", parts.empty() ? "" : "; ", models::module_name(m), mib(fam.param_bytes(m)),
+                             mib(fam.compute_bytes(m)));
+    log::info("stage {}: {:.2f} s; {}{}host peak RSS {}", stage, meter.seconds(), parts, parts.empty() ? "" : "; ", mib(meter.peak_rss()));
+}
+
+}  // namespace easel::pipeline
