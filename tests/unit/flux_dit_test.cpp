@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 using namespace easel;
 using namespace easel::fluxtest;
@@ -359,4 +360,32 @@ TEST(FluxDiT, City96StyleQ8GgufMatchesQ8Conversion) {
     EXPECT_LT(e_ref, 5e-2f);
     std::error_code ec;
     std::filesystem::remove(gpath, ec);
+}
+
+TEST(FluxDiT, RopeAxesFromConfigJson) {
+    // a diffusers folder: config.json's axes_dims_rope / rope_theta replace the defaults
+    Flux1Ref r = load_flux1();
+    auto dir = std::filesystem::temp_directory_path() / ("easel_flux1_folder_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    auto bytes = safetensors_bytes(r.w);
+    {
+        std::ofstream f(dir / "diffusion_pytorch_model.safetensors", std::ios::binary);
+        f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    auto write_cfg = [&](const std::string& text) { std::ofstream(dir / "config.json") << text; };
+    runtime::GraphRunner run(nullptr, 2);
+    write_cfg(R"({"_class_name": "FluxTransformer2DModel", "axes_dims_rope": [2, 6, 8], "rope_theta": 500})");
+    {
+        auto idx = io::WeightIndex::open(dir);
+        auto m = flux::FluxDiTModel::load(idx, run.buffer_type());
+        EXPECT_EQ(m.module->config().axes_dims, (std::vector<int>{2, 6, 8}));
+        EXPECT_EQ(m.module->config().theta, 500.0);
+    }
+    write_cfg(R"({"axes_dims_rope": [4, 4, 4]})");  // sums to 12, the head size is 16
+    {
+        auto idx = io::WeightIndex::open(dir);
+        EXPECT_THROW(flux::FluxDiTModel::load(idx, run.buffer_type()), Error);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
 }

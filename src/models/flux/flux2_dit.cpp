@@ -3,6 +3,8 @@
 
 #include "core/error.h"
 
+#include <nlohmann/json.hpp>
+
 namespace easel::models::flux {
 
 namespace {
@@ -91,6 +93,7 @@ Flux2DiTConfig infer_flux2_dit_config(const io::WeightIndex& idx, const FluxSour
                  cfg.hidden, cfg.mlp_hidden);
     }
     cfg.axes_dims = default_flux2_axes(cfg.head_dim);
+    if (const nlohmann::json* j = idx.config()) apply_rope_config(*j, cfg.head_dim, cfg.axes_dims, cfg.theta);
     return cfg;
 }
 

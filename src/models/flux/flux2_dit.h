@@ -74,7 +74,8 @@ struct Flux2DiTConfig {
 /// head_dim/4 is not a positive even number.
 std::vector<int> default_flux2_axes(int64_t head_dim);
 
-/// Infers the configuration from the weights under `src`. Throws Error(ModelMismatch).
+/// Infers the configuration from the weights under `src` (axes / theta from a config.json
+/// beside the weights when present, apply_rope_config). Throws Error(ModelMismatch).
 Flux2DiTConfig infer_flux2_dit_config(const io::WeightIndex& index, const FluxSource& src);
 
 /// Binds the canonical names to the BFL layout (renames, row slices); no-op for diffusers.

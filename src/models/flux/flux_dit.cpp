@@ -3,6 +3,8 @@
 
 #include "core/error.h"
 
+#include <nlohmann/json.hpp>
+
 #include <unordered_map>
 
 namespace easel::models::flux {
@@ -42,6 +44,32 @@ ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x) { return ggml_norm(c.ctx, x,
 }  // namespace
 
 // ------------------------------------------------------------------------------------ config
+
+void apply_rope_config(const nlohmann::json& j, int64_t head_dim, std::vector<int>& axes, double& theta) {
+    if (j.contains("axes_dims_rope")) {
+        const auto& a = j["axes_dims_rope"];
+        std::vector<int> v;
+        int64_t sum = 0;
+        bool ok = a.is_array() && !a.empty();
+        if (ok)
+            for (const auto& e : a) {
+                if (!e.is_number_integer() || e.get<int64_t>() <= 0 || e.get<int64_t>() % 2 != 0) ok = false;
+                else {
+                    v.push_back(e.get<int>());
+                    sum += e.get<int64_t>();
+                }
+            }
+        if (!ok || sum != head_dim)
+            fail(ErrorKind::InvalidInput, "config.json: axes_dims_rope must be positive even sizes summing to the head size {}, got {}",
+                 head_dim, a.dump());
+        axes = v;
+    }
+    if (j.contains("rope_theta")) {
+        const auto& t = j["rope_theta"];
+        if (!t.is_number() || t.get<double>() <= 0) fail(ErrorKind::InvalidInput, "config.json: rope_theta must be a positive number");
+        theta = t.get<double>();
+    }
+}
 
 std::vector<int> default_flux1_axes(int64_t head_dim) {
     if (head_dim < 8 || head_dim % 2 != 0)
@@ -93,6 +121,7 @@ FluxDiTConfig infer_flux_dit_config(const io::WeightIndex& idx, const FluxSource
                  cfg.mlp_hidden);
     }
     cfg.axes_dims = default_flux1_axes(cfg.head_dim);
+    if (const nlohmann::json* j = idx.config()) apply_rope_config(*j, cfg.head_dim, cfg.axes_dims, cfg.theta);
     return cfg;
 }
 

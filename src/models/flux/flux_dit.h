@@ -39,6 +39,8 @@
 #include "nn/layers.h"
 #include "nn/sequence.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,7 +90,13 @@ struct FluxDiTConfig {
 /// as the tiny reference fixture). Throws Error(InvalidInput) for head_dim < 8 or odd.
 std::vector<int> default_flux1_axes(int64_t head_dim);
 
-/// Infers the configuration from the weights under `src`. Throws Error(ModelMismatch) naming the
+/// Reads "axes_dims_rope" and "rope_theta" of a diffusers transformer config.json (the fields
+/// the weights do not show) into `axes` / `theta` when present. Throws Error(InvalidInput) when
+/// the axes are not positive even sizes summing to `head_dim`, or theta is not positive.
+void apply_rope_config(const nlohmann::json& config, int64_t head_dim, std::vector<int>& axes, double& theta);
+
+/// Infers the configuration from the weights under `src` (rotary axes and theta from the
+/// config.json beside the weights when there is one, see apply_rope_config). Throws Error(ModelMismatch) naming the
 /// missing key or the inconsistent shapes.
 FluxDiTConfig infer_flux_dit_config(const io::WeightIndex& index, const FluxSource& src);
 
