@@ -266,8 +266,9 @@ public:
     ///      hidden_states[-2] of the real tokens), L >= 1;
     ///  out [C, H, W]: the raw model output. The flow velocity (noise - x0) the scheduler
     ///      steps with is -out (ZImagePipeline: noise_pred = -noise_pred).
-    /// Throws Error(InvalidInput) on sizes that do not fit the model, Error(ModelMismatch) when
-    /// D differs from cap_feat_dim.
+    /// The caller checks that its conditioning width equals config().cap_feat_dim (the buffer
+    /// carries no width). Throws Error(InvalidInput) on sizes that do not fit the model (H, W not
+    /// positive multiples of the patch, L < 1, t not finite); nothing reaches a ggml assert.
     void forward(const float* x, int64_t H, int64_t W, float t, const float* cap, int64_t L, float* out);
 
     /// Bytes of the loaded parameters.
