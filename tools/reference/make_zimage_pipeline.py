@@ -5,12 +5,13 @@ float32 (weights rounded to f16 values first), so the numbers do not depend on T
 
 Components (diffusers' ZImagePipeline: scheduler, vae, text_encoder, tokenizer, transformer):
   tokenizer     the real Qwen3 tokenizer (tokenizer.json + tokenizer_config.json, carried gzipped)
-  text_encoder  Qwen3ForCausalLM, real vocabulary (151936), hidden 16, 3 layers, 2 q heads / 1 kv
+  text_encoder  Qwen3ForCausalLM, real vocabulary (151936), hidden 12, 3 layers, 2 q heads / 1 kv
                 head, head_dim 16 (heads*head_dim != hidden as in Qwen3-4B), tied embeddings (so the
                 saved keys are model.* exactly as ComfyUI's qwen_3_4b.safetensors)
-  transformer   ZImageTransformer2DModel dim 32, 2 layers, 1 refiner layer, 2 heads, cap_feat_dim 16,
+  transformer   ZImageTransformer2DModel dim 32, 2 layers, 1 refiner layer, 2 heads, cap_feat_dim 12,
                 axes_dims (4, 6, 6) (= Z-Image's (32, 48, 48) scaled to head_dim 16)
-  vae           AutoencoderKL FLUX.1-style: 16 latent channels, no quant convs, 4 levels (factor 8),
+  vae           AutoencoderKL FLUX.1-style: 16 latent channels, no quant convs, 4 levels of 32 channels
+                (factor 8), 32 groups (FLUX.1's count: a single file carries no config),
                 scaling_factor 0.3611, shift_factor 0.1159
   scheduler     FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0,
                 use_dynamic_shifting=False), as Z-Image-Turbo's scheduler_config.json
@@ -50,16 +51,16 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ldm_convert  # noqa: E402
 
-TE_CFG = dict(vocab_size=151936, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+TE_CFG = dict(vocab_size=151936, hidden_size=12, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
               num_key_value_heads=1, head_dim=16, hidden_act="silu", max_position_embeddings=40960,
               rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False, tie_word_embeddings=True,
               initializer_range=0.1, bos_token_id=151643, eos_token_id=151645)
 DIT_CFG = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
-               n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0,
+               n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=12, rope_theta=256.0,
                t_scale=1000.0, axes_dims=[4, 6, 6], axes_lens=[1024, 512, 512])
 VAE_CFG = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-               up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(16, 16, 32, 32), layers_per_block=2,
-               act_fn="silu", latent_channels=16, norm_num_groups=8, sample_size=64, scaling_factor=0.3611,
+               up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(32, 32, 32, 32), layers_per_block=2,
+               act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=64, scaling_factor=0.3611,
                shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True)
 SCHED_CFG = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
 
