@@ -152,11 +152,12 @@ vae::TilingOptions tiling_options(const GenerateParams& p, int f) {
 
 std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
     if (p.no_cache) return std::nullopt;
-    fs::path dir = p.cache_dir.empty() ? default_cache_dir() : fs::path(p.cache_dir);
+    if (!p.cache_dir.empty()) return ArtifactCache(p.cache_dir, (uint64_t)p.cache_max_mib << 20);  // an explicit folder must work
     try {
-        return ArtifactCache(dir, (uint64_t)p.cache_max_mib << 20);
+        return ArtifactCache(default_cache_dir(), (uint64_t)p.cache_max_mib << 20);
     } catch (const Error& e) {
-        log::warn("{}; running without the cache", e.what());
+        // e.g. a read-only home folder: the job runs as it would with --no-cache
+        log::debug("{}; running without the cache", e.what());
         return std::nullopt;
     }
 }
