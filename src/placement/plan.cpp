@@ -41,6 +41,7 @@ Segment make_seg(const ModuleCosts& c, const std::string& dev, int b, int e, int
     s.per_eval = per_eval;
     s.param_bytes = seg_params(c, b, e, s.prologue, s.epilogue);
     s.compute_bytes = c.measure(b, e, s.prologue, s.epilogue, dev);
+    s.state_bytes = (!s.epilogue && c.state_bytes) ? c.state_bytes(e) : 0;
     return s;
 }
 
@@ -49,11 +50,16 @@ DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint6
     u.device = dev;
     u.budget = budget;
     uint64_t slot = 0;
-    for (auto& s : segs) {
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const Segment& s = segs[i];
         if (s.device != dev) continue;
         if (s.per_eval) slot = std::max(slot, s.param_bytes);
         else u.params += s.param_bytes;
         u.compute = std::max(u.compute, s.compute_bytes);
+        // the state stays on the device when the next segment runs there too
+        // (the state entering it and the one it hands on coexist while it is copied out)
+        if (i + 1 < segs.size() && segs[i + 1].device == dev)
+            u.state = std::max(u.state, s.state_bytes + (i > 0 && segs[i - 1].device == dev ? segs[i - 1].state_bytes : 0));
     }
     u.slots = 2 * slot;
     return u;
@@ -69,8 +75,8 @@ std::string suggestion(PModule m, Residency r, bool split) {
 }
 
 [[noreturn]] void does_not_fit(PModule m, const DeviceUse& u, Residency r, bool split) {
-    fail(ErrorKind::OutOfMemory, "{} needs {:.0f} MiB on {} but the budget leaves {:.0f} MiB ({:.0f} params + {:.0f} streaming slots + {:.0f} compute); {}",
-         pmodule_name(m), mib(u.total()), u.device, mib(u.budget), mib(u.params), mib(u.slots), mib(u.compute), suggestion(m, r, split));
+    fail(ErrorKind::OutOfMemory, "{} needs {:.0f} MiB on {} but the budget leaves {:.0f} MiB ({:.0f} params + {:.0f} streaming slots + {:.0f} compute + {:.0f} state); {}",
+         pmodule_name(m), mib(u.total()), u.device, mib(u.budget), mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), suggestion(m, r, split));
 }
 
 }  // namespace
@@ -170,7 +176,10 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
     // single-block compute buffers (the estimate for cutting; every segment is measured after)
     std::vector<uint64_t> one(n);
     for (int i = 0; i < n; ++i) one[(size_t)i] = c.measure(i, i + 1, i == 0, i == n - 1, dev);
-    const uint64_t comp = *std::max_element(one.begin(), one.end());
+    uint64_t comp = *std::max_element(one.begin(), one.end()), state = 0;
+    if (c.state_bytes)
+        for (int e = 1; e < n; ++e) state = std::max(state, c.state_bytes(e));
+    comp += 2 * state;  // the states kept on the device between two graphs (see use_of)
 
     if (stream && r == Residency::Host) {
         // as many leading blocks resident as the budget allows, the rest streamed block by block
@@ -194,21 +203,27 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         if (!fits(use_of(segs, dev, budget))) does_not_fit(module, whole_use, r, false);  // report the plain plan
         return finish(std::move(segs), false);
     }
-    const uint64_t avail = budget > comp ? (budget - comp) / 2 : 0;
-    std::vector<Segment> segs;
-    int b = 0;
-    while (b < n) {
-        int e = b + 1;
-        while (e < n && seg_params(c, b, e + 1, b == 0, e + 1 == n) <= avail) ++e;
-        segs.push_back(make_seg(c, dev, b, e, n, r, true));
-        b = e;
+    // (multi-block graphs can need more than the single-block estimate: shrink until they fit)
+    uint64_t avail = budget > comp ? (budget - comp) / 2 : 0;
+    while (true) {
+        std::vector<Segment> segs;
+        int b = 0;
+        bool multi = false;
+        while (b < n) {
+            int e = b + 1;
+            while (e < n && seg_params(c, b, e + 1, b == 0, e + 1 == n) <= avail) ++e;
+            multi |= e - b > 1;
+            segs.push_back(make_seg(c, dev, b, e, n, r, true));
+            b = e;
+        }
+        if (!multi || fits(use_of(segs, dev, budget))) return finish(std::move(segs), false);
+        avail = avail * 3 / 4;
     }
-    return finish(std::move(segs), false);
 }
 
 std::string format_plan(const std::vector<ModulePlan>& plans) {
-    std::string s = fmt::format("{:<10} {:<24} {:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "module", "device", "blocks", "params",
-                                "slots", "compute", "total", "budget", "host");
+    std::string s = fmt::format("{:<10} {:<24} {:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "module", "device", "blocks", "params",
+                                "slots", "compute", "state", "total", "budget", "host");
     for (auto& p : plans) {
         for (auto& u : p.devices) {
             std::string ranges;
@@ -221,8 +236,8 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
                 for (auto& g : p.segments) nseg += g.device == u.device;
                 ranges = fmt::format("{} segments", nseg);
             }
-            s += fmt::format("{:<10} {:<24} {:<14} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9} {:>9.1f}\n", pmodule_name(p.module), u.device,
-                             ranges, mib(u.params), mib(u.slots), mib(u.compute), mib(u.total()),
+            s += fmt::format("{:<10} {:<24} {:<14} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9} {:>9.1f}\n", pmodule_name(p.module), u.device,
+                             ranges, mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), mib(u.total()),
                              u.budget ? fmt::format("{:.1f}", mib(u.budget)) : std::string("-"), mib(p.host_bytes));
         }
         std::string res = p.params_location.empty() ? "on the runtime device" : p.params_location == kDisk ? "read from disk per phase"
@@ -232,7 +247,7 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
         s += fmt::format("  {}: {} segment(s), parameters {}{}\n", p.label, p.segments.size(), res,
                          streamed ? fmt::format(", {} uploaded per evaluation", streamed) : "");
     }
-    s += "(MiB; blocks: P = runs the prologue, E = the epilogue; total = params + slots + compute)\n";
+    s += "(MiB; blocks: P = runs the prologue, E = the epilogue; total = params + slots + compute + state kept between segments)\n";
     return s;
 }
 

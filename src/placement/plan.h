@@ -41,6 +41,7 @@ struct Segment {
     bool per_eval = false;
     uint64_t param_bytes = 0;     ///< its parameters (with the prologue/epilogue ones it runs)
     uint64_t compute_bytes = 0;   ///< measured compute buffer of its graph (inputs, state, outputs included)
+    uint64_t state_bytes = 0;     ///< bytes of the state it hands to the next segment (0 for the last)
 };
 
 /// Predicted bytes on one device for one module.
@@ -49,8 +50,11 @@ struct DeviceUse {
     uint64_t params = 0;   ///< resident parameters (Device, and Host/Disk staged for the phase)
     uint64_t slots = 0;    ///< streaming slots: 2 x the largest per-eval segment
     uint64_t compute = 0;  ///< largest compute buffer of its segments
+    /// Largest state kept on the device between two of its segments (copied out of the compute
+    /// buffer so the next graph can reuse it; 0 when the device runs one segment).
+    uint64_t state = 0;
     uint64_t budget = 0;   ///< 0 = unlimited
-    uint64_t total() const { return params + slots + compute; }
+    uint64_t total() const { return params + slots + compute + state; }
 };
 
 /// The plan of one module.
@@ -71,6 +75,8 @@ struct ModuleCosts {
     /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
     /// measured with ggml's graph allocator at the job's shapes.
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;
+    /// Bytes of the state entering block e (0 < e < blocks), at the job's shapes. Optional.
+    std::function<uint64_t(int e)> state_bytes;
 };
 
 /// Budget in bytes per device name; a device absent = unlimited. From --max-vram (GiB; < 0:

@@ -164,6 +164,7 @@ public:
         c.measure = [this, make_inputs, select](int b, int e, bool pro, bool epi, const std::string& dev) {
             return measure(make_inputs, select, b, e, pro, epi, dev);
         };
+        c.state_bytes = [this, make_inputs](int e) { return measure_state(make_inputs, e); };
         return c;
     }
 
@@ -174,7 +175,8 @@ public:
         if (!loaded_) fail(ErrorKind::InvalidInput, "SequenceRunner::run before load()");
         const bool own_phase = !in_phase_;
         if (own_phase) begin_phase();
-        std::vector<StateTensor> state;
+        std::vector<StateTensor> state;  // the state on the host (next segment on another device)
+        DeviceState dstate;              // or on the device (next segment on the same device)
         std::optional<S> tmpl;
         std::vector<HostTensor> result;
         for (size_t j = 0; j < segs_.size(); ++j) {
@@ -185,7 +187,9 @@ public:
             Graph g(max_nodes);
             GraphBuilder gb(g.ctx, d.backend);
             nn::Ctx c{g.ctx, flash_, d.backend};
-            S s = sg.plan.prologue ? seq_.prologue(c, make_inputs(gb)) : from_state(gb, *tmpl, state);
+            S s = sg.plan.prologue ? seq_.prologue(c, make_inputs(gb))
+                  : (dstate.ctx && dstate.device == d.name) ? from_device_state(*tmpl, dstate)
+                                                            : from_state(gb, *tmpl, state);
             s = seq_.forward_range(c, std::move(s), sg.plan.begin, sg.plan.end);
             std::vector<ggml_tensor*> outs;
             std::vector<std::string> names;
@@ -221,7 +225,26 @@ public:
                     ggml_backend_tensor_get(t, h.data.data(), 0, h.data.size() * sizeof(float));
                     result.push_back(std::move(h));
                 }
+            } else if (j + 1 < segs_.size() && segs_[j + 1].plan.device == d.name) {
+                // next graph on the same device: copy the state out of the compute buffer (the
+                // next graph reuses it) into its own device buffer; no trip through the host
+                // (outputs may be input state tensors passed through: free the old state after)
+                DeviceState next;
+                next.device = d.name;
+                next.ctx = new_state_ctx(outs.size());
+                for (ggml_tensor* o : outs) next.ts.push_back(ggml_new_tensor(next.ctx, o->type, 4, o->ne));
+                next.buf = ggml_backend_alloc_ctx_tensors_from_buft(next.ctx, ggml_backend_dev_buffer_type(d.dev));
+                if (!next.buf) {
+                    ggml_free(next.ctx);
+                    fail(ErrorKind::OutOfMemory, "cannot keep the state between blocks on {}", d.name);
+                }
+                d.staged += ggml_backend_buffer_get_size(next.buf);
+                note(d);
+                for (size_t k = 0; k < outs.size(); ++k) ggml_backend_tensor_copy(outs[k], next.ts[k]);
+                release(dstate);
+                dstate = std::move(next);
             } else {
+                release(dstate);
                 state.clear();
                 for (size_t k = 0; k < outs.size(); ++k) {
                     StateTensor st2;
@@ -234,6 +257,7 @@ public:
                 }
             }
         }
+        release(dstate);
         if (own_phase) end_phase();
         return result;
     }
@@ -281,6 +305,57 @@ private:
                 fail(ErrorKind::Unsupported, "device {} cannot run operation {} ({}) of type {}", d.name, ggml_op_desc(node), node->name,
                      ggml_type_name(node->type));
         }
+    }
+
+    /// State tensors kept in a device buffer between two segments on one device.
+    struct DeviceState {
+        std::string device;
+        ggml_context* ctx = nullptr;
+        ggml_backend_buffer_t buf = nullptr;
+        std::vector<ggml_tensor*> ts;
+    };
+    void release(DeviceState& ds) {
+        if (ds.buf) {
+            Device& d = device(ds.device);
+            d.staged -= std::min<uint64_t>(d.staged, ggml_backend_buffer_get_size(ds.buf));
+            ggml_backend_buffer_free(ds.buf);
+        }
+        if (ds.ctx) ggml_free(ds.ctx);
+        ds = DeviceState{};
+    }
+    static ggml_context* new_state_ctx(size_t n) {
+        ggml_init_params ip{};
+        ip.mem_size = ggml_tensor_overhead() * (n + 1);
+        ip.no_alloc = true;
+        ggml_context* c = ggml_init(ip);
+        if (!c) fail(ErrorKind::OutOfMemory, "cannot create a context for {} state tensors", n);
+        return c;
+    }
+    /// A State of `tmpl`'s structure whose tensors are the (allocated) tensors of `ds`.
+    static S from_device_state(const S& tmpl, const DeviceState& ds) {
+        S s = tmpl;
+        size_t k = 0;
+        s.visit_tensors([&](const char* name, ggml_tensor*& t) {
+            if (k >= ds.ts.size()) fail(ErrorKind::Internal, "state tensor {} has no value from the previous segment", name);
+            t = ds.ts[k++];
+        });
+        return s;
+    }
+
+    /// Bytes of the state entering block e, at the shapes make_inputs declares.
+    uint64_t measure_state(const InputsFn& make_inputs, int e) {
+        install_fake();
+        struct Restore {
+            SequenceRunner* x;
+            ~Restore() { x->restore_fake(); }
+        } restore{this};
+        Graph g(32768);
+        GraphBuilder gb(g.ctx, nullptr);
+        nn::Ctx c{g.ctx, flash_, nullptr};
+        S s = seq_.forward_range(c, seq_.prologue(c, make_inputs(gb)), 0, e);
+        uint64_t bytes = 0;
+        s.visit_tensors([&](const char*, ggml_tensor*& t) { bytes += ggml_nbytes(t); });
+        return bytes;
     }
 
     /// A State of `tmpl`'s structure whose tensors are new inputs holding `state`'s bytes.
