@@ -17,6 +17,9 @@
 #include "models/zimage/z_image_dit.h"
 #include "runtime/graph_runner.h"
 
+#include <ggml.h>
+#include <gguf.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -386,4 +389,67 @@ TEST(ZImageDiT, TinyPipelineFirstCall) {
             }
         }
     }
+}
+
+namespace {
+
+// Writes tensors as a GGUF in the original layout (as sd.cpp / city96 conversions): 2-D weights
+// whose rows hold a multiple of 32 values in Q8_0, everything else F32; pad tokens 1-D.
+std::filesystem::path write_q8_gguf(const Tensors& ts) {
+    size_t bytes = 0;
+    for (auto& [n, t] : ts) bytes += t.v.size() * 4 + 1024;
+    ggml_init_params ip{bytes + ts.size() * ggml_tensor_overhead(), nullptr, false};
+    ggml_context* ctx = ggml_init(ip);
+    gguf_context* g = gguf_init_empty();
+    gguf_set_val_str(g, "general.architecture", "zimage");
+    for (auto& [name, t] : ts) {
+        const bool two = t.shape.size() == 2 && t.shape[0] > 1;
+        const bool q = two && t.shape[1] % 32 == 0;
+        ggml_tensor* x = two ? ggml_new_tensor_2d(ctx, q ? GGML_TYPE_Q8_0 : GGML_TYPE_F32, t.shape[1], t.shape[0])
+                             : ggml_new_tensor_1d(ctx, GGML_TYPE_F32, (int64_t)t.v.size());
+        ggml_set_name(x, name.c_str());
+        if (q) ggml_quantize_chunk(GGML_TYPE_Q8_0, t.v.data(), x->data, 0, t.shape[0], t.shape[1], nullptr);
+        else std::memcpy(x->data, t.v.data(), t.v.size() * 4);
+        gguf_add_tensor(g, x);
+    }
+    auto path = std::filesystem::temp_directory_path() / fmt::format("easel_zimage_q8_{}.gguf", (long)::getpid());
+    EXPECT_TRUE(gguf_write_to_file(g, path.string().c_str(), false));
+    gguf_free(g);
+    ggml_free(ctx);
+    return path;
+}
+
+}  // namespace
+
+// A Q8_0 GGUF in the original layout (fused qkv rows sliced out of quantised data, 1-D pad
+// tokens): the same output as the diffusers-layout F32 file converted to Q8_0 on load
+// (--type q8_0), and near the F32 reference.
+TEST(ZImageDiT, OriginalLayoutQ8GgufMatchesQ8Conversion) {
+    auto ref = io::WeightIndex::open(kCase);
+    auto samples = fixture_samples(ref);
+    auto w = fixture_weights(ref);
+    Tensors orig = to_original(w, "", true);
+    std::erase_if(orig, [](auto& p) { return p.first == "norm_final.weight"; });
+    auto gpath = write_q8_gguf(orig);
+    auto fpath = temp_file("q8_source");
+    write_safetensors(fpath, w);
+    auto gidx = io::WeightIndex::open(gpath);
+    auto fidx = io::WeightIndex::open(fpath);
+    auto keys = zi::find_zimage_dit(gidx);
+    ASSERT_TRUE(keys.has_value());
+    EXPECT_EQ(keys->layout, zi::ZImageKeys::Layout::Original);
+    auto mg = zi::LoadedZImageDiT::load(gidx, {.threads = 2});
+    auto mf = zi::LoadedZImageDiT::load(fidx, {.threads = 2, .weight_type = GGML_TYPE_Q8_0});
+    for (size_t i = 0; i < samples.size(); ++i) {
+        const Sample& s = samples[i];
+        std::vector<float> og(s.x.size()), of(s.x.size());
+        mg->forward(s.x.data(), s.H, s.W, s.t, s.cap.data(), s.L, og.data());
+        mf->forward(s.x.data(), s.H, s.W, s.t, s.cap.data(), s.L, of.data());
+        const float e_pair = max_abs_diff(og, of), e_ref = max_abs_diff(og, s.expected);
+        std::cout << "[q8_0 gguf, original layout] sample." << i << " vs --type q8_0 " << e_pair << ", vs f32 reference " << e_ref << "\n";
+        EXPECT_LT(e_pair, 1e-6f);  // the same quantised bits either way
+        EXPECT_LT(e_ref, 5e-2f);
+    }
+    std::filesystem::remove(gpath);
+    std::filesystem::remove(fpath);
 }
