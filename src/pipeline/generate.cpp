@@ -130,6 +130,21 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     models::FamilyOptions fo;
     s.device = pick_device();
     fo.te_device = fo.diffusion_device = fo.vae_device = s.device;
+    if (p.placement.any()) {
+        // sd-cli placement flags (docs/placement.md): a device per module; the diffusion model
+        // runs under a placement plan (layer split, weights in RAM / on disk, --max-vram)
+        auto spec = std::make_shared<placement::PlacementSpec>(placement::parse_placement(p.placement, placement::device_names()));
+        for (auto& w : spec->warnings) log::warn("{}", w);
+        using placement::PModule;
+        fo.te_device = placement::find_device((*spec)[PModule::Te].devices.at(0));
+        fo.diffusion_device = placement::find_device((*spec)[PModule::Diffusion].devices.at(0));
+        fo.vae_device = placement::find_device((*spec)[PModule::Vae].devices.at(0));
+        if ((*spec)[PModule::Te].devices.size() > 1 || !(*spec)[PModule::Te].params.empty() || !(*spec)[PModule::Vae].params.empty())
+            log::warn("placement: the text encoder and the VAE run whole on their first --backend device with their weights there "
+                      "(device lists and --params-backend apply to the diffusion model in this build)");
+        s.device = fo.diffusion_device;
+        fo.placement = spec;
+    }
     fo.threads = s.threads;
     fo.flash_attn_te = p.flash_attn;
     fo.flash_attn_diffusion = p.flash_attn || p.diffusion_fa;
@@ -316,7 +331,6 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
         fs::create_directories(p.checkpoint_dir, ec);
         if (!fs::is_directory(p.checkpoint_dir, ec))
             fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
-        if (base.mask) log::warn("--checkpoint-dir: no checkpoints are written for inpainting (resume is not supported there yet)");
         fp = model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint);
     }
     const std::string chash = conditioning_hash(cond);
@@ -348,6 +362,9 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
     }
     log_stage("denoise", fam, {Module::Diffusion}, meter);
     if (param_bytes) *param_bytes += fam.param_bytes(Module::Diffusion);
+    if (auto plans = fam.placement_plans(); !plans.empty())
+        log::info("placement: peak bytes per device, measured beside the plan's prediction:\n{}",
+                  placement::format_peaks(plans, fam.placement_peaks()));
     fam.unload(Module::Diffusion);
     return out;
 }
@@ -451,6 +468,11 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     }
     rep.width = W;
     rep.height = H;
+    if (p.placement.any()) {
+        // the placement plan before anything is loaded: a plan that cannot fit stops here
+        auto plans = fam->plan_placement(H / f, W / f);
+        if (!plans.empty()) log::info("placement plan:\n{}", placement::format_plan(plans));
+    }
     const int64_t h = H / f, w = W / f;
 
     auto cache = open_cache(p);
@@ -493,6 +515,12 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fam->unload(Module::VaeEncoder);
         rep.vae_s += since(tv);
         init_hash = artifact_data_hash(posterior_artifact(*init_dist, *fam, {}));
+        if (mask) {
+            // resume must see the same mask (and, for in-painting UNets, the same masked image)
+            std::vector<std::string> parts{init_hash, xxh3_hex(std::span<const uint8_t>((const uint8_t*)mask_lat.data(), mask_lat.size() * 4))};
+            if (masked_dist) parts.push_back(artifact_data_hash(posterior_artifact(*masked_dist, *fam, {})));
+            init_hash = "xxh3-128:" + cache_key(parts);
+        }
     } else if (init_lat) {
         init_hash = init_lat->hash;
     }

@@ -284,8 +284,8 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
     const int64_t cin = fam.diffusion_in_channels();
     if (cin != C && !(has_mask && in.masked_posterior))
         fail(ErrorKind::InvalidInput, "this is an in-painting model: pass -i IMAGE and --mask MASK (white = repaint)");
-    if (control.resume && has_mask)
-        fail(ErrorKind::Unsupported, "resume is not supported for inpainting yet (the blend state is not checkpointed); run it again without --resume");
+    // Inpainting resumes too: the blend's inputs (x0, noise, mask) are redrawn from the seed and
+    // the inputs below exactly as in the first run, and the checkpoints hold x after the blend.
 
     fam.load(models::Module::Diffusion);
     const auto& ms = fam.model_sampling();
@@ -352,7 +352,7 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
             sampling::inpaint_blend(st.x, known, *in.mask, st.shape);
             sampler.emplace(std::move(st));
         }
-        if (!control.checkpoint_dir.empty() && !has_mask)
+        if (!control.checkpoint_dir.empty())
             write_checkpoint(checkpoint_path(control.checkpoint_dir, control.image, sampler->step_index()), sampler->state(), control.job);
         double dt = std::chrono::duration<double>(Clock::now() - ts).count();
         res.step_s.push_back(dt);

@@ -140,8 +140,9 @@ struct DenoiseResult {
 /// noise, masked-image posterior), runs the sampler with CFG, applies the inpainting blend for
 /// ordinary models, writes a checkpoint after every step when control.checkpoint_dir is set.
 /// Loads the diffusion model (and nothing else). Throws Error(InvalidInput) on inconsistent
-/// inputs (missing negative conditioning with CFG, sizes), Error(Unsupported) for resume with
-/// inpainting.
+/// inputs (missing negative conditioning with CFG, sizes). Resume (control.resume) redraws the
+/// noise of the inputs from the seed as a fresh run does, so it is bit-identical also for
+/// inpainting, whose blend inputs are not stored (the job's init_hash must cover the mask).
 DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseInputs& in, const DenoiseControl& control);
 
 /// The parameters a checkpoint must agree with to be resumed (JSON object): family,

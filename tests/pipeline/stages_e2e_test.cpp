@@ -273,6 +273,29 @@ TEST(Stages, BadArtifactsAreRefusedAndNothingIsOverwritten) {
     fs::remove_all(d);
 }
 
+// Inpainting (ordinary model: the latent blend after every step) through generate: resumed
+// from the checkpoint after step 3 the PNG is the same file as an uninterrupted run's; another
+// mask is named as an init_hash mismatch.
+TEST(Stages, InpaintingResumeIsBitIdentical) {
+    auto d = tmpdir("inpaint");
+    std::string out;
+    auto args = cat(cmd("generate"), {"--no-cache", "-p", "a photo of a cat", "-i", (kSd / "case_init_image.png").string(), "--mask",
+                                      (kSd / "case_mask.png").string(), "--steps", "8", "-s", "3", "--sampling-method", "euler_a"});
+    ASSERT_EQ(run(cat(args, {"-o", (d / "ref.png").string()}), &out), 0) << out;
+    ASSERT_EQ(run(cat(args, {"-o", (d / "ck.png").string(), "--checkpoint-dir", (d / "ck").string()}), &out), 0) << out;
+    ASSERT_EQ(run(cat(args, {"-o", (d / "res.png").string(), "--checkpoint-dir", (d / "ck").string(), "--resume-step", "3"}), &out), 0) << out;
+    EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+    EXPECT_EQ(slurp(d / "res.png"), slurp(d / "ref.png"));
+    EXPECT_EQ(slurp(d / "ck.png"), slurp(d / "ref.png"));
+    auto other = args;
+    for (size_t i = 0; i + 1 < other.size(); ++i)
+        if (other[i] == "--mask") other[i + 1] = (kSd / "case_init_image.png").string();
+    EXPECT_EQ(run(cat(other, {"-o", (d / "bad.png").string(), "--checkpoint-dir", (d / "ck").string(), "--resume"}), &out), 1) << out;
+    EXPECT_NE(out.find("init_hash: checkpoint"), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(d / "bad.png"));
+    fs::remove_all(d);
+}
+
 // The second run with the same prompt takes the conditioning from the cache and never opens
 // the text encoder file: it is replaced by zeros of the same size and time stamp (which would
 // fail to load: checked with --no-cache), and the run still succeeds with the same image.
