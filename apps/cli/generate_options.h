@@ -2,6 +2,7 @@
 #pragma once
 
 #include "pipeline/generate_params.h"
+#include "placement_options.h"
 
 #include <CLI/CLI.hpp>
 
@@ -62,6 +63,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);
     app.add_flag("--diffusion-fa", p.diffusion_fa, "Flash attention in the diffusion model only")->group(g);
     app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores)")->group(g);
+    add_placement_options(app, p.placement);
 }
 
 /// Adds the stage file flags (docs/artifacts.md), shared by `generate` and the stage commands:

@@ -17,11 +17,13 @@
 
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/host_tensor.h"
+#include "placement/plan.h"
 #include "sampling/schedule.h"
 
 #include <ggml-backend.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -99,6 +101,9 @@ struct FamilyOptions {
     std::string weight_type;                        ///< --type ("" keeps the stored types)
     std::string prediction;                         ///< --prediction override ("" = detect)
     float flow_shift = 0.0f;                        ///< --flow-shift (0 = the family's default)
+    /// Placement flags resolved (docs/placement.md); null = every module whole on its device
+    /// above. A family that supports it runs its diffusion model under a placement::Plan.
+    std::shared_ptr<const placement::PlacementSpec> placement;
 };
 
 /// A model family bound to the user's files. Modules load lazily (see load()).
@@ -160,6 +165,15 @@ public:
     /// buffer measured for it so far, in bytes.
     virtual size_t param_bytes(Module m) const = 0;
     virtual size_t compute_bytes(Module m) const = 0;
+
+    /// The placement plans (placement/plan.h) of the modules the family runs under
+    /// FamilyOptions::placement, for one evaluation on a latent of h x w cells, without loading
+    /// anything; empty when the family has no placed module. Throws Error(OutOfMemory) with the
+    /// planner's message when a plan does not fit.
+    virtual std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) { return {}; }
+    /// The plans in use and the measured peak bytes per device since loading (empty when none).
+    virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
+    virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
 };
 
 /// Detects the family from the files (headers only: no weights are read) and returns it with no

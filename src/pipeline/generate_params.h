@@ -2,6 +2,8 @@
 // sd-cli names them (examples/cli/README.md there), so users' command lines carry over.
 #pragma once
 
+#include "placement/spec.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,6 +58,7 @@ struct GenerateParams {
     bool flash_attn = false;        ///< --fa
     bool diffusion_fa = false;      ///< --diffusion-fa
     int threads = -1;               ///< -t (<= 0: physical cores)
+    placement::PlacementFlags placement;  ///< --backend, --params-backend, --max-vram ... (docs/placement.md)
     bool verbose = false;           ///< -v
     bool color = false;             ///< --color
 

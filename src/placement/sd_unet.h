@@ -55,7 +55,7 @@ private:
     std::unique_ptr<Runner> runner_;
     ModulePlan plan_;
     std::array<int64_t, 4> shape_{0, 0, 0, 0};  // n, h, w, tokens of the loaded plan
-    bool phase_ = false;
+    bool phase_ = true;  // a phase lasts while the module is loaded (staged / disk weights stay for every step)
     std::map<std::string, uint64_t> peaks_;     // of runners freed when shapes changed
 };
 

@@ -256,7 +256,7 @@ runtime::GraphRunner& StableDiffusion::runner(Module m) {
 bool StableDiffusion::loaded(Module m) const {
     switch (m) {
     case Module::Te: return te_ != nullptr;
-    case Module::Diffusion: return unet_.net != nullptr;
+    case Module::Diffusion: return unet_.net != nullptr || placed_unet_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || (taesd_ && taesd_->has_decoder());
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
@@ -313,6 +313,11 @@ void StableDiffusion::load(Module m) {
     case Module::Diffusion: {
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
+        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
+            placed_unet_ = std::make_unique<placement::PlacedUNet>(*unet_idx_, ucfg_, lo, *opt_.placement, opt_.threads,
+                                                                   opt_.flash_attn_diffusion);
+            break;
+        }
         try {
             nn::TensorSource src = make_unet_source(*unet_idx_, ucfg_);
             LoadedUNet u;
@@ -360,6 +365,7 @@ void StableDiffusion::unload(Module m) {
     case Module::Diffusion:
         unet_.params = nn::ParamBuffer();
         unet_.net.reset();
+        placed_unet_.reset();
         unet_runner_.reset();
         break;
     case Module::VaeDecoder:
@@ -469,6 +475,10 @@ void StableDiffusion::diffusion(std::span<const float> x, std::span<const float>
         xs = x_in;
     }
     const float t = (float)timestep;
+    if (placed_unet_) {
+        placed_unet_->run(xs, 1, h, w, std::span<const float>(&t, 1), cond.context, cond.tokens, out);
+        return;
+    }
     auto& run = runner(Module::Diffusion);
     run.set_threads(opt_.threads);
     auto res = run.run([&](runtime::GraphBuilder& g) {
@@ -501,6 +511,23 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
     return vae_enc_->encode(image, tiling, ex);
+}
+
+std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    nn::LoadOptions lo;
+    lo.weight_type = weight_type_;
+    placement::PlacedUNet p(*unet_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
+    return {p.plan(1, h, w, 77)};
+}
+
+std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
+    if (!placed_unet_ || placed_unet_->current_plan().segments.empty()) return {};
+    return {placed_unet_->current_plan()};
+}
+
+std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
+    return placed_unet_ ? placed_unet_->peaks() : std::map<std::string, uint64_t>{};
 }
 
 }  // namespace easel::models::sd

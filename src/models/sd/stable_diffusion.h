@@ -25,6 +25,7 @@
 #include "models/sd/unet.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/taesd.h"
+#include "placement/sd_unet.h"
 #include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
@@ -72,6 +73,11 @@ public:
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
+    /// With FamilyOptions::placement: the UNet's plan for a batch-1 evaluation with a 77-token
+    /// context (placement::PlacedUNet::plan).
+    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
+    std::vector<placement::ModulePlan> placement_plans() const override;
+    std::map<std::string, uint64_t> placement_peaks() const override;
 
     bool is_sd2() const { return ucfg_.context_dim == 1024; }
     bool is_inpaint() const { return ucfg_.in_channels == 9; }
@@ -111,6 +117,7 @@ private:
     int32_t pad_id_ = text::ClipTokenizer::kEos;
     std::string te_desc_;
     LoadedUNet unet_;
+    std::unique_ptr<placement::PlacedUNet> placed_unet_;  ///< the UNet under FamilyOptions::placement
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;

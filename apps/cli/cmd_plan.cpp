@@ -1,0 +1,81 @@
+// `easel plan <generate arguments>`: the placement plan and the predicted bytes per device of a
+// generate job, without loading weights or running anything (docs/placement.md).
+#include "command.h"
+#include "generate_options.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "models/family.h"
+#include "pipeline/generate.h"
+#include "placement/devices.h"
+#include "placement/plan.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+namespace {
+
+using namespace easel;
+
+EASEL_COMMAND(
+    "plan", "Print the placement plan and predicted memory per device of a generate job, without running it",
+    [](CLI::App& sub) -> std::function<int()> {
+        auto p = std::make_shared<pipeline::GenerateParams>();
+        auto common = std::make_shared<cli::CommonOptions>();
+        cli::add_generate_options(sub, *p);
+        cli::add_stage_options(sub, *p);
+        cli::add_common_options(sub, *common);
+        sub.footer("Takes the arguments of `easel generate`; nothing is loaded or run.\n"
+                   "Examples:\n"
+                   "  easel plan -m sd15.safetensors -p \"a cat\" --backend \"diffusion=CUDA0&CUDA1\"\n"
+                   "  easel plan -m sd15.safetensors -W 1024 -H 1024 --backend cuda0 --params-backend diffusion=cpu --stream-layers --max-vram cuda0=2\n"
+                   "  easel plan --rpc-servers 127.0.0.1:50052,127.0.0.1:50053 --backend \"diffusion=RPC0&RPC1\"");
+        return [p, common]() -> int {
+            cli::apply_common_options(*common);
+            auto spec = std::make_shared<placement::PlacementSpec>(placement::parse_placement(p->placement, placement::device_names()));
+            for (auto& w : spec->warnings) log::warn("{}", w);
+            models::ModelFiles files;
+            files.model = p->model;
+            files.diffusion_model = p->diffusion_model;
+            files.vae = p->vae;
+            files.taesd = p->taesd;
+            files.clip_l = p->clip_l;
+            files.clip_g = p->clip_g;
+            files.t5xxl = p->t5xxl;
+            files.llm = p->llm;
+            if (files.model.empty() && files.diffusion_model.empty()) files.model = pipeline::find_demo_model();
+            if (files.model.empty() && files.diffusion_model.empty())
+                fail(ErrorKind::InvalidInput, "no model: pass -m FILE (the bundled demo model was not found)");
+            models::FamilyOptions fo;
+            using placement::PModule;
+            fo.te_device = placement::find_device((*spec)[PModule::Te].devices.at(0));
+            fo.diffusion_device = placement::find_device((*spec)[PModule::Diffusion].devices.at(0));
+            fo.vae_device = placement::find_device((*spec)[PModule::Vae].devices.at(0));
+            fo.threads = p->threads;
+            fo.flash_attn_te = p->flash_attn;
+            fo.flash_attn_diffusion = p->flash_attn || p->diffusion_fa;
+            fo.weight_type = p->weight_type;
+            fo.prediction = p->prediction;
+            fo.flow_shift = p->flow_shift;
+            fo.placement = spec;
+            auto fam = models::open_family(files, fo);
+            const int f = fam->latent_format().spatial_factor;
+            const int W = std::max(f, p->width / f * f), H = std::max(f, p->height / f * f);
+            fmt::print("{}: {}\n", fam->name(), fam->describe());
+            fmt::print("placement: {}\n", placement::describe(*spec));
+            fmt::print("job: {}x{} pixels, latent {}x{}x{}, batch 1 per evaluation\n\n", W, H, fam->latent_format().channels, H / f, W / f);
+            auto plans = fam->plan_placement(H / f, W / f);
+            if (plans.empty()) {
+                fmt::print("{} has no module run under a placement plan in this build: each module runs whole on its device.\n", fam->name());
+                return 0;
+            }
+            fmt::print("{}", placement::format_plan(plans));
+            fmt::print("te on {}, vae on {} (whole modules, weights on the device)\n", (*spec)[PModule::Te].devices[0],
+                       (*spec)[PModule::Vae].devices[0]);
+            return 0;
+        };
+    },
+    25);
+
+}  // namespace

@@ -1,0 +1,102 @@
+#!/bin/bash
+# Placement flags end to end with the tiny SD pipeline and two `easel rpc-server`s on 127.0.0.1
+# as extra devices: a layer split, weights in RAM (staged, streamed under a --max-vram cap,
+# --max-vram segments) and on disk each give the same PNG as the plain CPU run, the measured
+# peak per device stays within its cap, `easel plan` prints the table, and bad flags stop with
+# one line. Usage: placement.sh EASEL_BINARY TEST_DATA_DIR
+set -u
+easel="$1"
+data="$2"
+model="$data/reference/sd_tiny/sd_tiny.safetensors"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+
+port0=$((52000 + ($$ % 400) * 2))
+port1=$((port0 + 1))
+for port in $port0 $port1; do
+  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 50); do
+  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
+  sleep 0.1
+done
+rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+job=(-m "$model" -p "a cat" -W 64 -H 64 --steps 3 -s 1 -t 1 --no-cache)
+
+"$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain run: $(tail -1 "$tmp/plain.log")"; exit 1; }
+
+# same_image NAME CAP_MIB(or -) FLAGS...: same PNG bytes as the plain run; RPC0's measured peak <= CAP
+same_image() {
+  local name="$1" cap="$2"
+  shift 2
+  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
+    echo "FAIL $name: $(grep error "$tmp/out.log" | head -1)"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! cmp -s "$tmp/plain.png" "$tmp/out.png"; then
+    echo "FAIL $name: image differs from the plain CPU run"
+    fails=$((fails + 1))
+    return
+  fi
+  local peak
+  peak=$(awk '$1 == "RPC0" && NF == 3 { print $3 }' "$tmp/out.log" | tail -1)
+  if [ -z "$peak" ]; then
+    echo "FAIL $name: no measured peak printed for RPC0"
+    fails=$((fails + 1))
+    return
+  fi
+  if [ "$cap" != "-" ] && awk -v p="$peak" -v c="$cap" 'BEGIN { exit !(p > c) }'; then
+    echo "FAIL $name: measured peak $peak MiB on RPC0 above the cap $cap MiB"
+    fails=$((fails + 1))
+    return
+  fi
+  echo "ok   $name (RPC0 peak $peak MiB)"
+}
+
+same_image "layer split diffusion=RPC0&RPC1" - --backend "diffusion=RPC0&RPC1"
+same_image "layer split over three devices" - --backend "diffusion=RPC0&CPU&RPC1"
+same_image "--params-backend cpu (staged)" - --backend diffusion=RPC0 --params-backend cpu
+same_image "--params-backend disk" - --backend diffusion=RPC0 --params-backend disk
+same_image "--split-mode row (falls back to layer)" - --backend "diffusion=RPC0&RPC1" --split-mode row
+# 1.6 MiB: below the 2.6 MiB the UNet needs whole (2.2 MiB of weights)
+same_image "streamed under --max-vram RPC0=0.0016" 1.6 --backend diffusion=RPC0 --params-backend diffusion=cpu --stream-layers --max-vram RPC0=0.0016
+same_image "--max-vram segments RPC0=0.0017" 1.7 --backend diffusion=RPC0 --params-backend diffusion=cpu --max-vram RPC0=0.0017
+
+# easel plan: the table without running
+if "$easel" plan "${job[@]}" $rpc --backend "diffusion=RPC0&RPC1" >"$tmp/plan.log" 2>&1 &&
+  grep -q "^diffusion  RPC0" "$tmp/plan.log" && grep -q "^diffusion  RPC1" "$tmp/plan.log"; then
+  echo "ok   easel plan prints a row per device"
+else
+  echo "FAIL easel plan: $(tail -2 "$tmp/plan.log")"
+  fails=$((fails + 1))
+fi
+
+# expect_error NAME PATTERN FLAGS...: exit 1, one line "error: ...PATTERN..."
+expect_error() {
+  local name="$1" pattern="$2"
+  shift 2
+  err=$("$easel" generate "${job[@]}" $rpc -o "$tmp/bad.png" "$@" 2>&1 >/dev/null | grep -v -i "connection")
+  rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$lines" -ne 1 ] || [[ "$err" != "error: "* ]] || [[ "$err" != *"$pattern"* ]] || [ -e "$tmp/bad.png" ]; then
+    echo "FAIL $name: $lines lines: $err"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name: $err"
+  fi
+}
+expect_error "unknown device" "unknown device 'cuda9'" --backend diffusion=cuda9
+expect_error "disk as a compute device" "parameter location" --backend disk
+expect_error "too small a cap" "diffusion needs" --backend diffusion=RPC0 --max-vram RPC0=0.001
+expect_error "device list in --params-backend" "device list" --params-backend "diffusion=RPC0&RPC1"
+
+[ "$fails" -eq 0 ] && echo "all placement checks passed" || echo "$fails placement checks failed"
+[ "$fails" -eq 0 ]
