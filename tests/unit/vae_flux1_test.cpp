@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -242,4 +243,31 @@ TEST(VaeFlux1, Taef1ShapedTinyAutoencoder) {
     EXPECT_THROW(m->decode(z4), Error);
     std::filesystem::remove(pe);
     std::filesystem::remove(pd);
+}
+
+// The tiny ZImagePipeline's BFL-layout single-file VAE (tests/data/reference/zimage_tiny, FLUX.1's
+// 32 groups, which a single file cannot state: the default applies): decoding each case's final
+// latent as the pipeline does (z / 0.3611 + 0.1159, decode, x / 2 + 0.5 clamped to [0, 1]) gives
+// the case's image.
+TEST(VaeFlux1, ZImageTinyPipelineDecode) {
+    const std::string dir = std::string(EASEL_TEST_DATA) + "/reference/zimage_tiny/";
+    auto vidx = io::WeightIndex::open(dir + "zimage_tiny_vae.safetensors");
+    auto s = vae::find_autoencoder_kl(vidx);
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->layout, vae::KLLayout::Ldm);
+    Backend be;
+    auto m = vae::AutoencoderKLModel::load(vidx, be.b);
+    EXPECT_EQ(m->config().latent_channels, 16);
+    EXPECT_FALSE(m->config().use_post_quant_conv);
+    const auto lf = vae::LatentFormat::flux1();
+    for (std::string c : {"cat_s0_64", "circle_s1_96x64"}) {
+        auto ref = io::WeightIndex::open(dir + "case_" + c + ".safetensors");
+        HostTensor z = read4(ref, "final_latent");
+        for (auto& v : z.data) v = v / lf.scaling_factor + lf.shift_factor;
+        HostTensor img = m->decode(z);
+        for (auto& v : img.data) v = std::clamp(v / 2.0f + 0.5f, 0.0f, 1.0f);
+        const float e = max_abs_diff(img, read4(ref, "image"));
+        std::printf("[zimage_tiny vae] %s decode max abs error %.3g\n", c.c_str(), e);
+        EXPECT_LT(e, 1e-4f) << c;
+    }
 }
