@@ -75,8 +75,8 @@ size_t peak_rss() {
 /// Everything resolved from the flags before a model is opened.
 struct Setup {
     GenerateParams p;
-    sampling::SamplerKind method;
-    sampling::SchedulerKind sched;
+    sampling::SamplerKind method = sampling::SamplerKind::EulerA;
+    sampling::SchedulerKind sched = sampling::SchedulerKind::Discrete;
     sampling::RngKind rng_kind, sampler_rng_kind;
     int threads = 1;
     int64_t seed = 0;
@@ -97,13 +97,13 @@ Setup resolve(const GenerateParams& params) {
     if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
     if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);
     if (!p.mask.empty() && p.init_img.empty()) fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE)");
-    if (!p.t5xxl.empty() || !p.llm.empty() || !p.clip_g.empty())
-        fail(ErrorKind::ModelMismatch, "--t5xxl/--llm/--clip_g are not used by SD1.x/SD2.x; this easel runs SD1.x/SD2.x models only so far");
     if ((p.resume || p.resume_step >= 0) && p.checkpoint_dir.empty())
         fail(ErrorKind::InvalidInput, "--resume/--resume-step need --checkpoint-dir DIR (where the checkpoints are)");
     if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
-    s.method = sampling::parse_sampler(p.sampling_method.empty() ? "euler_a" : p.sampling_method);
-    s.sched = sampling::parse_scheduler(p.scheduler.empty() ? "discrete" : p.scheduler);
+    // Names given are checked now (fail fast); absent ones take the family's defaults once the
+    // model is open (apply_family_defaults).
+    if (!p.sampling_method.empty()) s.method = sampling::parse_sampler(p.sampling_method);
+    if (!p.scheduler.empty()) s.sched = sampling::parse_scheduler(p.scheduler);
     s.rng_kind = sampling::parse_rng_kind(p.rng);
     s.sampler_rng_kind = p.sampler_rng.empty() ? s.rng_kind : sampling::parse_rng_kind(p.sampler_rng);
     s.threads = p.threads > 0 ? p.threads : (int)std::max(1u, std::thread::hardware_concurrency());
@@ -114,6 +114,13 @@ Setup resolve(const GenerateParams& params) {
         log::info("seed: {}", s.seed);
     }
     return s;
+}
+
+/// Sampler and scheduler the user left out: the family's defaults (SD: euler_a, discrete).
+void apply_family_defaults(Setup& s, const models::Family& fam) {
+    const auto d = fam.defaults();
+    if (s.p.sampling_method.empty()) s.method = sampling::parse_sampler(d.sampler);
+    if (s.p.scheduler.empty()) s.sched = sampling::parse_scheduler(d.scheduler);
 }
 
 std::unique_ptr<models::Family> open_model(Setup& s) {
@@ -151,7 +158,9 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.weight_type = p.weight_type;
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;
-    return models::open_family(files, fo);
+    auto fam = models::open_family(files, fo);
+    apply_family_defaults(s, *fam);
+    return fam;
 }
 
 vae::TilingOptions tiling_options(const GenerateParams& p, int f) {

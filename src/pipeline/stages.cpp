@@ -297,12 +297,12 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
     sampling::Rng rng(job.rng, (uint64_t)job.seed);
     std::vector<float> x0;
     if (in.init_posterior) {
-        // diffusers retrieve_latents(sample_mode="sample"): mean + std * randn, then * scaling factor
+        // diffusers retrieve_latents(sample_mode="sample"): mean + std * randn, then (z - shift) * scale
         auto eps = rng.randn(n);
         x0.resize((size_t)n);
         const auto& d = *in.init_posterior;
         for (size_t i = 0; i < x0.size(); ++i)
-            x0[i] = (d.mean.data[i] + std::exp(0.5f * d.logvar.data[i]) * eps[i]) * lf.scaling_factor;
+            x0[i] = (d.mean.data[i] + std::exp(0.5f * d.logvar.data[i]) * eps[i] - lf.shift_factor) * lf.scaling_factor;
     } else if (in.init_latent) {
         x0 = *in.init_latent;
     }
@@ -316,7 +316,8 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
             concat.assign(in.mask->begin(), in.mask->end());
             const auto& d = *in.masked_posterior;
             for (int64_t i = 0; i < n; ++i)
-                concat.push_back((d.mean.data[(size_t)i] + std::exp(0.5f * d.logvar.data[(size_t)i]) * eps[(size_t)i]) * lf.scaling_factor);
+                concat.push_back((d.mean.data[(size_t)i] + std::exp(0.5f * d.logvar.data[(size_t)i]) * eps[(size_t)i] - lf.shift_factor) *
+                                 lf.scaling_factor);
         }
     }
     // Inpainting at full strength starts from pure noise (diffusers is_strength_max); img2img

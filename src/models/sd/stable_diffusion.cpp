@@ -65,6 +65,8 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     m->weight_type_ = parse_weight_type(opt.weight_type);
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder) or --diffusion-model");
+    if (!files.t5xxl.empty() || !files.llm.empty() || !files.clip_g.empty())
+        fail(ErrorKind::ModelMismatch, "--t5xxl/--llm/--clip_g are not used by SD1.x/SD2.x (their text encoder is --clip_l)");
 
     // Resolve the source of each module (paths only; nothing of the text encoder is read).
     if (!files.model.empty()) {
