@@ -5,6 +5,7 @@
 #include "io/diffusers.h"
 #include "io/weight_index.h"
 #include "models/sd/stable_diffusion.h"
+#include "models/zimage/z_image.h"
 
 #include <filesystem>
 #include <functional>
@@ -37,6 +38,7 @@ const std::vector<FamilyEntry>& family_table() {
     static const std::vector<FamilyEntry> t = {
         {"SD1.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
         {"SD2.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
+        {"Z-Image", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return zimage::ZImage::open(f, o); }},
     };
     return t;
 }
