@@ -14,6 +14,9 @@ namespace easel::placement {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+/// Bytes added to each slot / state buffer for the alignment of its tensors (the runtime
+/// allocates the same; runtime/sequence_runner.cpp).
+constexpr uint64_t kAlignSlack = 8 << 10;
 constexpr double kGiB = 1024.0 * kMiB;
 
 double mib(uint64_t b) { return (double)b / kMiB; }
@@ -57,11 +60,11 @@ DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint6
         else u.params += s.param_bytes;
         u.compute = std::max(u.compute, s.compute_bytes);
         // the state stays on the device when the next segment runs there too
-        // (the state entering it and the one it hands on coexist while it is copied out)
-        if (i + 1 < segs.size() && segs[i + 1].device == dev)
-            u.state = std::max(u.state, s.state_bytes + (i > 0 && segs[i - 1].device == dev ? segs[i - 1].state_bytes : 0));
+        // (two buffers of the largest state: the one entering a segment and the one it hands on)
+        if (i + 1 < segs.size() && segs[i + 1].device == dev && s.state_bytes)
+            u.state = std::max(u.state, 2 * (s.state_bytes + kAlignSlack));
     }
-    u.slots = 2 * slot;
+    u.slots = slot ? 2 * (slot + kAlignSlack) : 0;
     return u;
 }
 
@@ -187,7 +190,7 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
             uint64_t resident = k > 0 ? seg_params(c, 0, k, true, k == n) : 0;
             uint64_t slot = 0;
             for (int i = k; i < n; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
-            if (budget != 0 && resident + 2 * slot + comp > budget && k > 0) continue;
+            if (budget != 0 && resident + 2 * (slot + kAlignSlack) + comp > budget && k > 0) continue;
             std::vector<Segment> segs;
             if (k > 0) segs.push_back(make_seg(c, dev, 0, k, n, r, false));
             for (int i = k; i < n; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, true));
@@ -204,7 +207,7 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         return finish(std::move(segs), false);
     }
     // (multi-block graphs can need more than the single-block estimate: shrink until they fit)
-    uint64_t avail = budget > comp ? (budget - comp) / 2 : 0;
+    uint64_t avail = budget > comp + 2 * kAlignSlack ? (budget - comp - 2 * kAlignSlack) / 2 : 0;
     while (true) {
         std::vector<Segment> segs;
         int b = 0;

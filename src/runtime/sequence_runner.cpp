@@ -60,6 +60,8 @@ SegmentExecutor::~SegmentExecutor() {
     for (auto& [n, d] : devices_) {
         for (auto* b : d->slots)
             if (b) ggml_backend_buffer_free(b);
+        for (auto* b : d->state_bufs)
+            if (b) ggml_backend_buffer_free(b);
         for (auto* e : d->events)
             if (e) ggml_backend_event_free(e);
         if (d->galloc) ggml_gallocr_free(d->galloc);
@@ -166,7 +168,7 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
         Device& d = device(name);
         const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
         for (auto& b : d.slots) {
-            b = ggml_backend_buft_alloc_buffer(buft, std::max<uint64_t>(bytes, 1));
+            b = ggml_backend_buft_alloc_buffer(buft, bytes + (8 << 10));  // + the plan's alignment slack
             if (!b) fail(ErrorKind::OutOfMemory, "cannot allocate a {:.1f} MiB streaming slot on {}", bytes / 1048576.0, name);
             d.params += ggml_backend_buffer_get_size(b);
         }
@@ -183,6 +185,22 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
                 if (d.upload) ggml_backend_free(d.upload), d.upload = nullptr;
             }
         }
+    }
+    // ping-pong buffers for the state between consecutive segments of one device (sizes from
+    // the plan; + 8 KiB for the alignment of each state tensor; a state that does not fit gets
+    // a buffer of its own)
+    std::map<std::string, uint64_t> state_need;
+    for (size_t j = 0; j + 1 < plan.segments.size(); ++j)
+        if (plan.segments[j + 1].device == plan.segments[j].device && plan.segments[j].state_bytes > 0)
+            state_need[plan.segments[j].device] = std::max(state_need[plan.segments[j].device], plan.segments[j].state_bytes);
+    for (auto& [name, bytes] : state_need) {
+        Device& d = device(name);
+        for (auto& b : d.state_bufs) {
+            b = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(d.dev), bytes + (8 << 10));
+            if (!b) fail(ErrorKind::OutOfMemory, "cannot allocate {:.1f} MiB for the state between blocks on {}", bytes / 1048576.0, name);
+            d.params += ggml_backend_buffer_get_size(b);
+        }
+        note(d);
     }
     std::map<std::string, int> next_slot;
     for (auto& s : segs_) {

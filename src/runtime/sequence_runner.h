@@ -84,6 +84,8 @@ protected:
         ggml_backend_event_t events[2] = {nullptr, nullptr};
         ggml_gallocr_t galloc = nullptr;
         ggml_backend_buffer_t slots[2] = {nullptr, nullptr};
+        ggml_backend_buffer_t state_bufs[2] = {nullptr, nullptr};  // ping-pong buffers for states kept on the device
+        int state_flip = 0;
         uint64_t params = 0, staged = 0, compute = 0;  // bytes now
     };
     struct Seg {
@@ -233,13 +235,15 @@ public:
                 next.device = d.name;
                 next.ctx = new_state_ctx(outs.size());
                 for (ggml_tensor* o : outs) next.ts.push_back(ggml_new_tensor(next.ctx, o->type, 4, o->ne));
-                next.buf = ggml_backend_alloc_ctx_tensors_from_buft(next.ctx, ggml_backend_dev_buffer_type(d.dev));
-                if (!next.buf) {
-                    ggml_free(next.ctx);
-                    fail(ErrorKind::OutOfMemory, "cannot keep the state between blocks on {}", d.name);
+                if (!place_in_state_buffer(d, next)) {  // no preallocated buffer (or too small): one of its own
+                    next.buf = ggml_backend_alloc_ctx_tensors_from_buft(next.ctx, ggml_backend_dev_buffer_type(d.dev));
+                    if (!next.buf) {
+                        ggml_free(next.ctx);
+                        fail(ErrorKind::OutOfMemory, "cannot keep the state between blocks on {}", d.name);
+                    }
+                    d.staged += ggml_backend_buffer_get_size(next.buf);
+                    note(d);
                 }
-                d.staged += ggml_backend_buffer_get_size(next.buf);
-                note(d);
                 for (size_t k = 0; k < outs.size(); ++k) ggml_backend_tensor_copy(outs[k], next.ts[k]);
                 release(dstate);
                 dstate = std::move(next);
@@ -322,6 +326,26 @@ private:
         }
         if (ds.ctx) ggml_free(ds.ctx);
         ds = DeviceState{};
+    }
+    /// Places ds's tensors in the device's next ping-pong state buffer (allocated by load()
+    /// from the plan's state sizes: no allocation, hence no implicit device synchronisation, per
+    /// block). False when there is none or it is too small.
+    static bool place_in_state_buffer(Device& d, DeviceState& ds) {
+        ggml_backend_buffer_t b = d.state_bufs[d.state_flip];
+        if (!b) return false;
+        const size_t align = ggml_backend_buffer_get_alignment(b), cap = ggml_backend_buffer_get_size(b);
+        size_t off = 0;
+        for (ggml_tensor* t : ds.ts) off = (off + align - 1) / align * align + ggml_backend_buffer_get_alloc_size(b, t);
+        if (off > cap) return false;
+        char* base = (char*)ggml_backend_buffer_get_base(b);
+        off = 0;
+        for (ggml_tensor* t : ds.ts) {
+            off = (off + align - 1) / align * align;
+            if (ggml_backend_tensor_alloc(b, t, base + off) != GGML_STATUS_SUCCESS) return false;
+            off += ggml_backend_buffer_get_alloc_size(b, t);
+        }
+        d.state_flip ^= 1;
+        return true;
     }
     static ggml_context* new_state_ctx(size_t n) {
         ggml_init_params ip{};

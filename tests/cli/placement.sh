@@ -66,9 +66,9 @@ same_image "layer split over three devices" - --backend "diffusion=RPC0&CPU&RPC1
 same_image "--params-backend cpu (staged)" - --backend diffusion=RPC0 --params-backend cpu
 same_image "--params-backend disk" - --backend diffusion=RPC0 --params-backend disk
 same_image "--split-mode row (falls back to layer)" - --backend "diffusion=RPC0&RPC1" --split-mode row
-# 1.6 MiB: below the 2.6 MiB the UNet needs whole (2.2 MiB of weights)
-same_image "streamed under --max-vram RPC0=0.0016" 1.6 --backend diffusion=RPC0 --params-backend diffusion=cpu --stream-layers --max-vram RPC0=0.0016
-same_image "--max-vram segments RPC0=0.0017" 1.7 --backend diffusion=RPC0 --params-backend diffusion=cpu --max-vram RPC0=0.0017
+# 1.74 / 1.84 MiB: below the 2.6 MiB the UNet needs whole (2.2 MiB of weights)
+same_image "streamed under --max-vram RPC0=0.0017" 1.74 --backend diffusion=RPC0 --params-backend diffusion=cpu --stream-layers --max-vram RPC0=0.0017
+same_image "--max-vram segments RPC0=0.0018" 1.84 --backend diffusion=RPC0 --params-backend diffusion=cpu --max-vram RPC0=0.0018
 
 # easel plan: the table without running
 if "$easel" plan "${job[@]}" $rpc --backend "diffusion=RPC0&RPC1" >"$tmp/plan.log" 2>&1 &&

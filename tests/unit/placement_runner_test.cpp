@@ -281,7 +281,7 @@ TEST(PlacementRunner, UnetLayerSplitOverThreeDevicesMatchesOneDevice) {
                 plan.segments[0].begin, plan.segments[0].end, plan.segments[1].device.c_str(), plan.segments[1].begin,
                 plan.segments[1].end, max_abs_diff(out, ref), placement::format_peaks({plan}, peaks).c_str());
     EXPECT_EQ(out, ref);  // same CPU kernels on the far side: bitwise
-    for (auto& d : plan.devices) EXPECT_LE(peaks.at(d.device), d.total() + (1 << 20)) << d.device;
+    for (auto& d : plan.devices) EXPECT_LE(peaks.at(d.device), d.total() + (16 << 10)) << d.device;  // + buffer alignment of the weights
     // three devices: CPU & RPC0 & RPC1
     place.devices = {"CPU", rpc.devices[0], rpc.devices[1]};
     out = run_unet_plan(u, place, false, {}, &plan, &peaks);
@@ -321,7 +321,7 @@ TEST(PlacementRunner, UnetHostParamsStagedStreamedAndFromDiskMatch) {
             comp = std::max(comp, c.measure(i, i + 1, i == 0, i == n - 1, dev));
             if (i > 0) state = std::max(state, c.state_bytes(i));
         }
-        cap = 2 * slot + comp + 2 * state + (64 << 10);  // + alignment padding of the slot buffers
+        cap = 2 * (slot + (8 << 10)) + comp + 2 * (state + (8 << 10)) + (8 << 10);  // + the plan's alignment slack
     }
     out = run_unet_plan(u, place, true, {{dev, cap}}, &plan, &peaks, 2);
     int streamed = 0;
@@ -331,6 +331,7 @@ TEST(PlacementRunner, UnetHostParamsStagedStreamedAndFromDiskMatch) {
     EXPECT_GE(streamed, u.net.n_blocks() - 1);
     EXPECT_EQ(out, ref);
     EXPECT_LE(peaks.at(dev), cap);
+    EXPECT_LE(peaks.at(dev), plan.devices[0].total());
 
     // --max-vram segmentation without streaming, between the streaming minimum and what one
     // staged graph needs: ranges of blocks uploaded per evaluation, run one after another
