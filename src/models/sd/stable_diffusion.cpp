@@ -76,7 +76,10 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
             for (auto& c : comps) {
                 if (c.name == "unet") m->unet_path_ = c.folder.string();
                 else if (c.name == "vae") m->vae_path_ = c.folder.string();
-                else if (c.name == "text_encoder") m->te_path_ = c.folder.string();
+                else if (c.name == "text_encoder") {
+                    m->te_path_ = c.folder.string();
+                    m->te_pre_truncated_ = true;
+                }
                 else if (c.name == "scheduler") m->sched_cfg_ = read_json(c.folder / "scheduler_config.json");
                 else if (c.name == "tokenizer") m->tokenizer_special_ = c.folder / "special_tokens_map.json";
             }
@@ -226,7 +229,9 @@ SamplingDefaults StableDiffusion::defaults() const {
     d.scheduler = "discrete";
     d.steps = 20;
     d.cfg_scale = 7.0f;
-    d.clip_skip = is_sd2() ? 2 : 1;  // sd.cpp's convention
+    // sd.cpp's convention for original SD2.x files (the penultimate of OpenCLIP-H's 24 layers);
+    // a diffusers SD2.x folder stores 23 layers and diffusers uses their last output, i.e. 1.
+    d.clip_skip = is_sd2() && !(te_pre_truncated_ && files_.clip_l.empty()) ? 2 : 1;
     d.width = d.height = is_sd2() ? 768 : 512;
     return d;
 }

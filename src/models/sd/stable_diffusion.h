@@ -99,6 +99,9 @@ private:
     std::optional<nlohmann::json> sched_cfg_;
     std::filesystem::path tokenizer_special_;  ///< special_tokens_map.json of a diffusers folder
     std::string model_desc_;
+    /// The text encoder comes from a transformers-layout folder (diffusers' text_encoder/): its
+    /// conversion already dropped OpenCLIP's last layer for SD2.x, so the default clip skip is 1.
+    bool te_pre_truncated_ = false;
 
     // Header-level facts.
     std::unique_ptr<io::WeightIndex> unet_idx_, vae_idx_, te_idx_;  // te_idx_ only while Te loaded
