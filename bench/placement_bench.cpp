@@ -11,7 +11,8 @@
 //                         [--budget-mib N] [--json out.json] [--tmp-dir DIR]
 //
 // --budget-mib caps the device for the streamed run (default: the smallest budget that
-// streams every block: 2 slots of the largest block + the compute buffer), so the measured
+// streams every block: 2 slots of the largest block + the compute buffer + 2 state buffers),
+// so the measured
 // ratio is the worst case; a larger budget keeps leading blocks resident.
 #include "core/error.h"
 #include "io/weight_index.h"
@@ -216,12 +217,14 @@ int main(int argc, char** argv) try {
             std::map<std::string, uint64_t> budgets;
             if (stream) {
                 place.params = "CPU";
-                uint64_t maxb = 0, comp = 0;
+                uint64_t maxb = 0, comp = 0, state = 0;
                 for (int i = 0; i < net.n_blocks(); ++i) {
                     maxb = std::max(maxb, costs.block_bytes[(size_t)i] + (i == 0 || i + 1 == net.n_blocks() ? costs.prologue_bytes : 0));
                     comp = std::max(comp, costs.measure(i, i + 1, i == 0, i + 1 == net.n_blocks(), dev));
+                    if (i > 0) state = std::max(state, costs.state_bytes(i));
                 }
-                budgets[dev] = budget_mib > 0 ? (uint64_t)(budget_mib * 1048576.0) : 2 * maxb + comp + (1 << 20);
+                // the smallest budget that streams every block: 2 slots + compute + 2 state buffers (+ slack)
+                budgets[dev] = budget_mib > 0 ? (uint64_t)(budget_mib * 1048576.0) : 2 * maxb + comp + 2 * state + (1 << 20);
             }
             auto plan = placement::plan_module(placement::PModule::Diffusion, place, stream, costs, budgets);
             std::printf("%s", placement::format_plan({plan}).c_str());
