@@ -126,6 +126,9 @@ public:
     /// Channels the diffusion model takes: latent channels plus concat channels (SD
     /// in-painting UNets: 4 + 1 mask + 4 masked-image latent = 9).
     virtual int64_t diffusion_in_channels() const { return latent_format().channels; }
+    /// Image sides must be a multiple of this many pixels (SD: the VAE factor 8; patchified DiTs
+    /// such as Z-Image: VAE factor x patch size = 16). generate rounds sizes down to it.
+    virtual int size_multiple() const { return latent_format().spatial_factor; }
     /// Paths of the files module m reads (for fingerprints and cache keys); may be empty
     /// when a module is absent.
     virtual std::vector<std::string> module_files(Module m) const = 0;

@@ -457,8 +457,8 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         W = (int)init_lat->w * f;
         H = (int)init_lat->h * f;
     }
-    W = round_size(W, f, "width");
-    H = round_size(H, f, "height");
+    W = round_size(W, fam->size_multiple(), "width");
+    H = round_size(H, fam->size_multiple(), "height");
     if (init && (W != init->width || H != init->height)) {
         // crop the init image (and mask) to the rounded size, top-left aligned
         auto crop = [&](Image& im) {
@@ -612,7 +612,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         Image img = load_image(p.init_img, 3);
         auto fam = open_model(s);
         const int f = fam->latent_format().spatial_factor;
-        const int W = round_size(img.width, f, "width"), H = round_size(img.height, f, "height");
+        const int W = round_size(img.width, fam->size_multiple(), "width"), H = round_size(img.height, fam->size_multiple(), "height");
         if (W != img.width || H != img.height) {
             Image r;
             r.width = W;
@@ -650,8 +650,8 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
             W = (int)init_lat->w * f;
             H = (int)init_lat->h * f;
         }
-        W = round_size(W, f, "width");
-        H = round_size(H, f, "height");
+        W = round_size(W, fam->size_multiple(), "width");
+        H = round_size(H, fam->size_multiple(), "height");
         PromptConditioning cond = obtain_conditioning(*fam, s, p.cfg_scale != 1.0f, nullptr, nullptr);
         DenoiseInputs in;
         in.cond = &cond;

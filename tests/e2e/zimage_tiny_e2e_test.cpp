@@ -417,3 +417,30 @@ TEST_P(ZImageTinyE2E, MatchesDiffusersWithin2Of255) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, ZImageTinyE2E, ::testing::ValuesIn(all_params()),
                          [](const auto& info) { return param_name(info.param); });
+
+// Image sides that are not multiples of 16 (VAE factor 8 x patch 2) are rounded down, as SD's are
+// to 8: -W 104 -H 70 runs the 96x64 case and must give diffusers' 96x64 image.
+TEST(ZImageTinyE2ESizes, SidesRoundDownToMultiplesOf16) {
+    const auto cs = cases_json()["cases"];
+    const nlohmann::json* cp = nullptr;
+    for (const auto& c : cs)
+        if (c["width"].get<int>() == 96 && c["height"].get<int>() == 64) cp = &c;
+    ASSERT_NE(cp, nullptr) << "cases.json has no 96x64 case";
+    const auto& c = *cp;
+    const fs::path out = fs::path(testing::TempDir()) / ("easel_zimage_round_" + std::to_string(getpid()) + ".png");
+    const auto files = files_for(Form::Folder);
+    std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 -m " + quote(files.model) + " -p " + quote(c["prompt"]) + " -n " +
+                      quote(c["negative_prompt"]) + " -W 104 -H 70 --steps " + std::to_string(c["steps"].get<int>()) +
+                      " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+                      " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " +
+                      c["scheduler"].get<std::string>() + " --rng " + c["rng"].get<std::string>() + " --no-cache -o " +
+                      quote(out.string()) + " > /dev/null 2>&1";
+    fs::remove(out);
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto got = pipeline::load_image(out, 3);
+    auto want = pipeline::load_image(kDir / c["png"].get<std::string>(), 3);
+    ASSERT_EQ(got.width, 96);
+    ASSERT_EQ(got.height, 64);
+    EXPECT_LE(max_pixel_diff(got.pixels, want.pixels), 2);
+    fs::remove(out);
+}

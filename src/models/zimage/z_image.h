@@ -79,6 +79,8 @@ public:
     /// 16 channels, the VAE's spatial factor (8), scaling/shift from the VAE config.json when
     /// present, else FLUX.1's 0.3611 / 0.1159.
     LatentFormat latent_format() const override;
+    /// 16: the VAE factor 8 times the transformer's patch size 2.
+    int size_multiple() const override { return (int)(dcfg_.patch * spatial_factor_); }
     /// ModelSampling::flow(shift): --flow-shift, else the scheduler config's shift, else 3.0.
     const sampling::ModelSampling& model_sampling() const override;
     /// Z-Image-Turbo's: euler, discrete (= ZImagePipeline's sigmas), 8 steps, CFG 1 (off),
