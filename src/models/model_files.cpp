@@ -1,0 +1,48 @@
+#include "models/model_files.h"
+
+#include "core/error.h"
+#include "core/strings.h"
+
+#include <fstream>
+
+namespace easel::models {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<io::WeightIndex> open_index(const std::string& path, const std::string& flag) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path);
+    return std::make_unique<io::WeightIndex>(io::WeightIndex::open(path));
+}
+
+std::optional<nlohmann::json> read_json(const fs::path& p) {
+    std::ifstream f(p);
+    if (!f) return std::nullopt;
+    try {
+        return nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+        fail(ErrorKind::InvalidInput, "{}: not valid JSON ({})", p.string(), e.what());
+    }
+}
+
+ggml_type parse_weight_type(const std::string& name) {
+    if (name.empty()) return GGML_TYPE_COUNT;
+    const std::string want = ascii_lower(name);
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        const char* tn = ggml_type_name((ggml_type)t);
+        const auto* tr = ggml_get_type_traits((ggml_type)t);
+        if (!tn || tr->blck_size == 0 || ascii_lower(tn) != want) continue;
+        if (!tr->is_quantized || tr->from_float_ref) return (ggml_type)t;
+    }
+    fail(ErrorKind::InvalidInput, "--type {}: unknown weight type (use f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K, q3_K, q4_K, q5_K, q6_K)", name);
+}
+
+size_t bound_bytes(const nn::Block& root) {
+    size_t n = 0;
+    root.visit_params("", [&](const std::string&, const nn::Param& p) {
+        if (p.tensor) n += ggml_nbytes(p.tensor);
+    });
+    return n;
+}
+
+}  // namespace easel::models
