@@ -14,6 +14,7 @@
 // streams every block: 2 slots of the largest block + the compute buffer + 2 state buffers),
 // so the measured
 // ratio is the worst case; a larger budget keeps leading blocks resident.
+#include "bench_common.h"
 #include "core/error.h"
 #include "io/weight_index.h"
 #include "models/sd/unet.h"
@@ -36,9 +37,9 @@
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace easel::bench;
 using namespace easel;
 using namespace easel::models::sd;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -143,10 +144,6 @@ void write_weights(nn::Block& root, const fs::path& path) {
     if (!f) fail(ErrorKind::Io, "writing {} failed (disk full?)", path.string());
 }
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 //
 // Demo benchmark (--demo FILE): pipeline::generate() at 256x256, 20 steps, CFG 7.5, Euler
 // (discrete), seed 1; total and per-stage times from its GenerateReport.
+#include "bench_common.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "easel_version.h"
@@ -57,6 +58,7 @@ namespace {
 using namespace easel;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace easel::bench;
 
 // ---------------------------------------------------------------------------------------------
 // Made-up weights
@@ -158,14 +160,6 @@ int64_t write_made_up_safetensors(const fs::path& path, const std::vector<MadeUp
     return count;
 }
 
-/// A temporary file removed when this goes out of scope.
-struct TempFile {
-    fs::path path;
-    ~TempFile() {
-        std::error_code ec;
-        if (!path.empty()) fs::remove(path, ec);
-    }
-};
 
 // ---------------------------------------------------------------------------------------------
 // SD1.5 architectures (the published configs, diffusers / transformers naming)
@@ -261,36 +255,8 @@ vae::AutoencoderKLConfig sd_vae_config() {
 // ---------------------------------------------------------------------------------------------
 // Timing
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
-/// Summary of an output tensor: non-finite count, mean, standard deviation, min, max.
-json output_stats(const std::vector<float>& d) {
-    int64_t bad = 0, n = 0;
-    double s = 0, s2 = 0;
-    float lo = INFINITY, hi = -INFINITY;
-    for (float x : d) {
-        if (!std::isfinite(x)) {
-            ++bad;
-            continue;
-        }
-        ++n;
-        s += x;
-        s2 += (double)x * x;
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
-    }
-    const double mean = n ? s / n : 0, var = n ? std::max(0.0, s2 / n - mean * mean) : 0;
-    return {{"numel", (int64_t)d.size()}, {"non_finite", bad}, {"mean", mean}, {"std", std::sqrt(var)},
-            {"min", n ? lo : 0.0f}, {"max", n ? hi : 0.0f}};
-}
 
 /// Standard-normal host values (Box-Muller over splitmix64), for latents and conditioning.
 std::vector<float> normal_values(size_t n, uint64_t seed) {
@@ -604,14 +570,6 @@ json bench_demo(const Options& o) {
             {"runs", runs}};
 }
 
-std::string utc_now() {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char b[32];
-    std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return b;
-}
 
 int main_impl(int argc, char** argv) {
     Options o;

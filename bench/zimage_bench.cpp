@@ -15,6 +15,7 @@
 // Value distribution: matmul weights uniform in +-1/sqrt(fan_in), biases and pad tokens uniform in
 // +-0.02, norm scales 1; inputs uniform in +-1. The output statistics show whether anything
 // overflowed (non_finite must be 0).
+#include "bench_common.h"
 #include "core/error.h"
 #include "easel_version.h"
 #include "io/weight_index.h"
@@ -45,7 +46,7 @@ using namespace easel;
 namespace fs = std::filesystem;
 namespace zi = easel::models::zimage;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using namespace easel::bench;
 
 /// splitmix64 (Steele, Lea, Flood 2014); one stream per tensor (seed ^ FNV-1a of the name).
 struct Rng {
@@ -140,44 +141,9 @@ int64_t write_made_up(const fs::path& path, nn::Block& root, uint64_t seed) {
     return count;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-json output_stats(const std::vector<float>& d) {
-    int64_t bad = 0, n = 0;
-    double s = 0, s2 = 0;
-    float lo = INFINITY, hi = -INFINITY;
-    for (float x : d) {
-        if (!std::isfinite(x)) {
-            ++bad;
-            continue;
-        }
-        ++n;
-        s += x;
-        s2 += (double)x * x;
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
-    }
-    const double mean = n ? s / n : 0, var = n ? std::max(0.0, s2 / n - mean * mean) : 0;
-    return {{"numel", (int64_t)d.size()}, {"non_finite", bad}, {"mean", mean}, {"std", std::sqrt(var)},
-            {"min", n ? lo : 0.0f}, {"max", n ? hi : 0.0f}};
-}
 
-std::string utc_now() {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char b[32];
-    std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return b;
-}
 
-struct TempFile {
-    fs::path path;
-    ~TempFile() {
-        std::error_code ec;
-        if (!path.empty()) fs::remove(path, ec);
-    }
-};
 
 int main_impl(int argc, char** argv) {
     std::string device, type = "bf16", json_path, tmp_dir;
