@@ -9,33 +9,9 @@ namespace easel::models::flux {
 
 namespace {
 
-std::string ne_str(const ggml_tensor* t) {
-    return fmt::format("{{{}, {}, {}, {}}}", t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
-}
-
-int count_indexed(const io::WeightIndex& idx, const std::string& prefix, const std::string& suffix) {
-    int n = 0;
-    while (idx.find(prefix + std::to_string(n) + suffix)) ++n;
-    return n;
-}
-
 const io::TensorInfo& need(const io::WeightIndex& idx, const std::string& name, size_t rank) {
-    const io::TensorInfo* t = idx.find(name);
-    if (!t) fail(ErrorKind::ModelMismatch, "FLUX.2 DiT: tensor '{}' is missing; the file is not a complete FLUX.2 transformer", name);
-    if (t->shape.size() != rank)
-        fail(ErrorKind::ModelMismatch, "FLUX.2 DiT: tensor '{}' has {} dimensions, expected {}", name, t->shape.size(), rank);
-    return *t;
+    return need_tensor(idx, name, rank, "FLUX.2");
 }
-
-ggml_tensor* split_heads(nn::Ctx& c, ggml_tensor* x, int64_t hd, int64_t h) {
-    return ggml_reshape_4d(c.ctx, x, hd, h, x->ne[1], x->ne[2]);
-}
-
-ggml_tensor* merge_heads(nn::Ctx& c, ggml_tensor* x) {
-    return ggml_reshape_3d(c.ctx, x, x->ne[0] * x->ne[1], x->ne[2], x->ne[3]);
-}
-
-ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x) { return ggml_norm(c.ctx, x, 1e-6f); }
 
 // Columns [begin, begin + n) of x {F, L, N} (features), contiguous.
 ggml_tensor* feat_slice(nn::Ctx& c, ggml_tensor* x, int64_t begin, int64_t n) {

@@ -153,4 +153,28 @@ std::vector<float> flux2_text_ids(int64_t tokens) {
     return ids;
 }
 
+std::string ne_str(const ggml_tensor* t) { return fmt::format("{{{}, {}, {}, {}}}", t->ne[0], t->ne[1], t->ne[2], t->ne[3]); }
+
+int count_indexed(const io::WeightIndex& idx, const std::string& prefix, const std::string& suffix) {
+    int n = 0;
+    while (idx.find(prefix + std::to_string(n) + suffix)) ++n;
+    return n;
+}
+
+const io::TensorInfo& need_tensor(const io::WeightIndex& idx, const std::string& name, size_t rank, const char* model) {
+    const io::TensorInfo* t = idx.find(name);
+    if (!t) fail(ErrorKind::ModelMismatch, "{} DiT: tensor '{}' is missing; the file is not a complete {} transformer", model, name, model);
+    if (t->shape.size() != rank)
+        fail(ErrorKind::ModelMismatch, "{} DiT: tensor '{}' has {} dimensions, expected {}", model, name, t->shape.size(), rank);
+    return *t;
+}
+
+ggml_tensor* split_heads(nn::Ctx& c, ggml_tensor* x, int64_t hd, int64_t h) {
+    return ggml_reshape_4d(c.ctx, x, hd, h, x->ne[1], x->ne[2]);
+}
+
+ggml_tensor* merge_heads(nn::Ctx& c, ggml_tensor* x) { return ggml_reshape_3d(c.ctx, x, x->ne[0] * x->ne[1], x->ne[2], x->ne[3]); }
+
+ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x) { return ggml_norm(c.ctx, x, 1e-6f); }
+
 }  // namespace easel::models::flux

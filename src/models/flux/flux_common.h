@@ -7,6 +7,7 @@
 // Host tensors are PyTorch order, row-major.
 #pragma once
 
+#include "io/weight_index.h"
 #include "nn/layers.h"
 
 #include <cstdint>
@@ -70,5 +71,22 @@ std::vector<float> flux1_image_ids(int64_t rows, int64_t cols);
 std::vector<float> flux2_image_ids(int64_t rows, int64_t cols, float t = 0.0f);
 /// Flux2KleinPipeline._prepare_text_ids: [tokens, 4] row-major, token l -> (0, 0, 0, l).
 std::vector<float> flux2_text_ids(int64_t tokens);
+
+/// "{ne0, ne1, ne2, ne3}" of a graph tensor, for error messages.
+std::string ne_str(const ggml_tensor* t);
+
+/// Number of consecutive indices i (from 0) for which the tensor prefix + i + suffix exists.
+int count_indexed(const io::WeightIndex& idx, const std::string& prefix, const std::string& suffix);
+
+/// The tensor `name` of a FLUX transformer file, which must have `rank` dimensions. Throws
+/// Error(ModelMismatch) naming the tensor and `model` ("FLUX.1", "FLUX.2") otherwise.
+const io::TensorInfo& need_tensor(const io::WeightIndex& idx, const std::string& name, size_t rank, const char* model);
+
+/// {hd*h, L, N} -> {hd, h, L, N} (attention heads), and back.
+ggml_tensor* split_heads(nn::Ctx& c, ggml_tensor* x, int64_t hd, int64_t h);
+ggml_tensor* merge_heads(nn::Ctx& c, ggml_tensor* x);
+
+/// LayerNorm without affine parameters, eps 1e-6 (the FLUX blocks' norms).
+ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x);
 
 }  // namespace easel::models::flux
