@@ -31,6 +31,11 @@ Writes into --out:
                                       cases), input_ids, dit0_x / dit0_t / dit0_out (first transformer call,
                                       model convention: t = (1000 - timestep)/1000, output NOT negated),
                                       step_latents, final_latent, image ([1, 3, H, W] in [0, 1])
+  img2img_init.png                    the deterministic 64x64 init image of the img2img cases
+  case_<name>.png / .safetensors      img2img cases too (cases.json "img2img_cases"): ZImageImg2ImgPipeline with
+                                      --strength; tensors as above plus init_image ([-1, 1]), posterior_mean,
+                                      posterior_std, posterior_eps (the generator's first draw), image_latents
+                                      ((z - shift) * scale), noise (second draw), init_latent (scale_noise)
   te_hidden_states.safetensors        for the first case: every hidden_states[i] of the text encoder over the
                                       real tokens (i = 0..layers), to debug encoder parity
 """
@@ -71,6 +76,110 @@ CASES = [
     ("cjk_s3_64", "一只可爱的猫，坐在窗边。", "", 3, 64, 64, 8, 0.0),
     ("cfg_neg_s2_64", "a photo of a cat", "blurry, low quality", 2, 64, 64, 6, 2.0),
 ]
+
+IMG2IMG_CASES = [
+    # name, prompt, negative, seed, steps, guidance_scale (diffusers), strength; size = the init image (64x64)
+    ("img2img_s5_64", "a photo of a cat", "", 5, 8, 0.0, 0.6),
+    ("img2img_cfg_neg_s6_64", "a small red circle on the left, blue background", "blurry, low quality", 6, 6, 2.0,
+     0.75),
+]
+
+
+def make_init_image(out):
+    """Deterministic 64x64 init image: red disc on a blue background with a green bar (as make_sd_pipeline.py)."""
+    yy, xx = np.mgrid[0:64, 0:64]
+    img = np.zeros((64, 64, 3), np.uint8)
+    img[...] = (40, 60, 200)
+    img[(xx - 24) ** 2 + (yy - 30) ** 2 < 14 ** 2] = (220, 30, 30)
+    img[50:56, 8:56] = (30, 200, 60)
+    Image.fromarray(img).save(os.path.join(out, "img2img_init.png"))
+    return "img2img_init.png"
+
+
+class RngRecorder:
+    """Wraps diffusers' randn_tensor in the img2img pipeline and the VAE module: records every draw in order."""
+
+    def __init__(self):
+        import diffusers.models.autoencoders.vae as vae_mod
+        import diffusers.pipelines.z_image.pipeline_z_image_img2img as p1
+
+        self.draws = []
+        orig = vae_mod.randn_tensor
+
+        def wrapped(*a, **k):
+            t = orig(*a, **k)
+            self.draws.append(t.detach().float().cpu().clone())
+            return t
+
+        for m in (vae_mod, p1):
+            m.randn_tensor = wrapped
+
+
+def run_img2img_case(pipe, rec, case, out, init_name):
+    """One ZImageImg2ImgPipeline run (CPU generator): latents = scale_noise((z - shift) * scale, t0, noise)."""
+    name, prompt, neg, seed, steps, g, strength = case
+    init = Image.open(os.path.join(out, init_name)).convert("RGB")
+    W, H = init.size
+    t = {}
+    steps_lat = []
+
+    def cb(p, i, ts, kw):
+        steps_lat.append(kw["latents"].detach().float().clone())
+        return kw
+
+    first = {}
+
+    def hook(mod, args, kwargs, output):
+        if not first:
+            first["x"] = torch.stack([x.detach().float() for x in args[0]], 0).clone()
+            first["t"] = torch.as_tensor(args[1], dtype=torch.float32).reshape(-1).clone()
+            first["out"] = torch.stack([o.detach().float() for o in output[0]], 0).clone()
+
+    h = pipe.transformer.register_forward_hook(hook, with_kwargs=True)
+    t["init_image"] = pipe.image_processor.preprocess(init).float()
+    with torch.no_grad():
+        post = pipe.vae.encode(t["init_image"]).latent_dist
+    t["posterior_mean"], t["posterior_std"] = post.mean.float(), post.std.float()
+    rec.draws.clear()
+    gen = torch.Generator("cpu").manual_seed(seed)
+    with torch.no_grad():
+        img = pipe(prompt=prompt, image=init, strength=strength, negative_prompt=neg or None, height=H, width=W,
+                   num_inference_steps=steps, guidance_scale=g, generator=gen, output_type="np",
+                   callback_on_step_end=cb).images
+    h.remove()
+    draws = list(rec.draws)
+    assert len(draws) == 2, f"expected 2 draws (posterior, noise), got {len(draws)}"
+    sched = pipe.scheduler
+    vc = pipe.vae.config
+    t["posterior_eps"], t["noise"] = draws[0], draws[1]
+    z = t["posterior_mean"] + t["posterior_std"] * draws[0]
+    t["image_latents"] = (z - vc.shift_factor) * vc.scaling_factor
+    t_start = steps - len(steps_lat)
+    sigma0 = float(sched.sigmas[t_start])
+    t["init_latent"] = sigma0 * draws[1] + (1.0 - sigma0) * t["image_latents"]
+    t["step_latents"] = torch.cat(steps_lat, 0)
+    t["final_latent"] = steps_lat[-1]
+    t["image"] = torch.from_numpy(np.ascontiguousarray(img)).permute(0, 3, 1, 2).float()
+    t["dit0_x"], t["dit0_t"], t["dit0_out"] = first["x"], first["t"], first["out"]
+    t["sigmas"] = sched.sigmas.float().cpu()
+    t["timesteps"] = sched.timesteps.float().cpu()
+    # check: the first transformer input is the scale_noise latent (model input = latents as they are)
+    x0_diff = float((first["x"][0].reshape(-1) - t["init_latent"][0].reshape(-1)).abs().max())
+    save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, f"case_{name}.safetensors"))
+    image_to_png(img[0], os.path.join(out, f"case_{name}.png"))
+    c = {"name": name, "mode": "img2img", "prompt": prompt, "negative_prompt": neg, "seed": seed, "width": W,
+         "height": H, "steps": steps, "strength": strength, "init_image": init_name, "t_start": t_start,
+         "steps_run": len(steps_lat), "sigma_start": sigma0, "diffusers_guidance_scale": g, "cfg_active": g > 0,
+         "cfg_scale": (1.0 + g) if g > 0 else 1.0, "sampling_method": "euler", "scheduler": "discrete",
+         "rng": "cpu", "png": f"case_{name}.png", "tensors": f"case_{name}.safetensors",
+         "rng_draws": [list(d.shape) for d in draws], "dit0_x_vs_init_latent_max_abs_diff": x0_diff,
+         "sigmas": [float(x) for x in sched.sigmas], "timesteps": [float(x) for x in sched.timesteps]}
+    flags = easel_flags(c) + f' -i {init_name} --strength {strength}'
+    c["easel_args"] = "generate -m diffusers " + flags
+    c["easel_args_single_files"] = ("generate --diffusion-model zimage_tiny_transformer.safetensors "
+                                    "--llm diffusers/text_encoder/model.safetensors --vae zimage_tiny_vae.safetensors "
+                                    + flags)
+    return c
 
 
 def round_f16(m):
@@ -246,6 +355,24 @@ def main():
         imgs[c["name"]] = img
         print(f"case {c['name']}: {len(c['cond_ids'])} tokens, done ({time.time() - t0:.1f}s)")
 
+    from diffusers import ZImageImg2ImgPipeline
+
+    i2i = ZImageImg2ImgPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHED_CFG), vae=vae, text_encoder=te,
+                                tokenizer=tok, transformer=dit)
+    i2i.set_progress_bar_config(disable=True)
+    rec = RngRecorder()
+    init_name = make_init_image(a.out)
+    img2img_cases = []
+    for case in IMG2IMG_CASES:
+        try:
+            c = run_img2img_case(i2i, rec, case, a.out, init_name)
+            img2img_cases.append(c)
+            print(f"img2img case {c['name']}: t_start {c['t_start']}, done ({time.time() - t0:.1f}s)")
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            print(f"img2img case {case[0]} FAILED: {type(e).__name__}: {e}")
+
     # (i) diffusers folder, f16 weights (exact: the weights are f16-rounded)
     ddir = os.path.join(a.out, "diffusers")
     pipe.to(torch.float16)
@@ -324,7 +451,11 @@ def main():
             "scheduler_config": SCHED_CFG, "vae_scale_factor": 8, "max_sequence_length": 512,
             "text_encoder_output": "hidden_states[-2] of the unmasked tokens",
             "cfg_mapping": "diffusers guidance_scale g > 0 -> CFG with easel --cfg-scale 1+g; g = 0 -> --cfg-scale 1",
-            "cases": cases}
+            "cases": cases, "img2img_cases": img2img_cases,
+            "img2img_note": "ZImageImg2ImgPipeline: init image preprocessed to [-1, 1], posterior sample "
+                            "(first generator draw), (z - shift) * scale, noise (second draw), "
+                            "scale_noise = sigma_start * noise + (1 - sigma_start) * image_latents, "
+                            "t_start = int(steps - steps * strength), euler over sigmas[t_start:]"}
     with open(os.path.join(a.out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, ensure_ascii=False, default=str)
     print(f"zimage pipeline: done in {time.time() - t0:.1f}s")
