@@ -53,6 +53,9 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("-i,--init-img", p.init_img, "Init image for img2img")->group(g);
     app.add_option("--mask", p.mask, "Inpainting mask (white = repaint), same size as the init image")->group(g);
     app.add_option("--strength", p.strength, "img2img strength, 0..1 (default 0.75)")->check(CLI::Range(0.0, 1.0))->group(g);
+    app.add_option("-r,--ref-image", p.ref_images, "Reference image for edit models (FLUX.2 Klein); repeat the flag for several")
+        ->allow_extra_args(false)
+        ->group(g);
 
     g = "VAE";
     app.add_flag("--vae-tiling", p.vae_tiling, "Decode/encode in overlapping tiles to save memory")->group(g);

@@ -4,6 +4,7 @@
 #include "io/detect.h"
 #include "io/diffusers.h"
 #include "io/weight_index.h"
+#include "models/flux/flux2_klein.h"
 #include "models/sd/stable_diffusion.h"
 #include "models/zimage/z_image.h"
 
@@ -24,6 +25,11 @@ const char* module_name(Module m) {
     return "?";
 }
 
+void Family::set_reference_images(std::span<const vae::HostTensor> images) {
+    if (!images.empty())
+        fail(ErrorKind::Unsupported, "{} takes no reference images (-r/--ref-image is for edit models such as FLUX.2 Klein)", name());
+}
+
 namespace {
 
 using Opener = std::function<std::unique_ptr<Family>(const ModelFiles&, const FamilyOptions&)>;
@@ -39,6 +45,7 @@ const std::vector<FamilyEntry>& family_table() {
         {"SD1.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
         {"SD2.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
         {"Z-Image", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return zimage::ZImage::open(f, o); }},
+        {"FLUX.2", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return flux::Flux2Klein::open(f, o); }},
     };
     return t;
 }

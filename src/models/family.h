@@ -163,6 +163,11 @@ public:
     /// Image [1, 3, H, W] in [-1, 1] -> posterior in the raw VAE space (before scaling/shift;
     /// loads VaeEncoder when needed). Throws Error(Unsupported) when the family has no encoder.
     virtual vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) = 0;
+    /// Reference images of edit-mode families (FLUX.2 Klein `-r`), each [1, 3, H, W] in [-1, 1]
+    /// (any size: the family crops/resizes as its reference pipeline does), encoded now (loads
+    /// VaeEncoder) and used by every later diffusion() call; an empty list clears them. The
+    /// default throws Error(Unsupported): the family takes no reference images.
+    virtual void set_reference_images(std::span<const vae::HostTensor> images);
 
     /// Parameter bytes of module m when loaded (0 when not loaded) and the largest compute
     /// buffer measured for it so far, in bytes.

@@ -432,6 +432,8 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
             fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init image is {}x{}: they must be the same size", p.mask,
                  mask->width, mask->height, init->width, init->height);
     }
+    std::vector<Image> refs;  // -r: reference images of edit models
+    for (const auto& r : p.ref_images) refs.push_back(load_image(r, 3));
     rep.seed = s.seed;
 
     auto t0 = Clock::now();
@@ -532,6 +534,24 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         }
     } else if (init_lat) {
         init_hash = init_lat->hash;
+    }
+    if (!refs.empty()) {
+        // edit models: the family encodes its reference images now; resume must see the same ones
+        auto tv = Clock::now();
+        StageMeter meter;
+        std::vector<vae::HostTensor> rt;
+        std::vector<std::string> parts{init_hash};
+        for (const Image& r : refs) {
+            vae::HostTensor t(1, 3, r.height, r.width);
+            t.data = image_to_planar(r, -1.0f, 1.0f);
+            rt.push_back(std::move(t));
+            parts.push_back(xxh3_hex(r.pixels));
+        }
+        fam->set_reference_images(rt);
+        if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
+        fam->unload(Module::VaeEncoder);
+        rep.vae_s += since(tv);
+        init_hash = "xxh3-128:" + cache_key(parts);
     }
 
     // Stage 3: denoise.
@@ -638,6 +658,8 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.save_latent, "--save-latent OUT");
         if (!p.init_img.empty()) fail(ErrorKind::InvalidInput, "denoise takes --load-latent INIT (from `easel encode-image`), not -i IMAGE");
         if (!p.mask.empty()) fail(ErrorKind::Unsupported, "denoise does not take --mask yet; run inpainting with `easel generate`");
+        if (!p.ref_images.empty())
+            fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
         check_output_folder(p.save_latent, "--save-latent");
         auto fam = open_model(s);
         std::optional<LoadedLatent> init_lat;

@@ -48,6 +48,7 @@ struct GenerateParams {
     std::string init_img;           ///< -i
     std::string mask;               ///< --mask
     float strength = 0.75f;         ///< --strength (img2img)
+    std::vector<std::string> ref_images;  ///< -r/--ref-image, repeatable: reference images of edit models (FLUX.2 Klein)
 
     // VAE
     bool vae_tiling = false;        ///< --vae-tiling

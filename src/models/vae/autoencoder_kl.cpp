@@ -76,6 +76,15 @@ std::string legacy_attn(const std::string& canonical) {
     return canonical;
 }
 
+// kl_canonical_to_ldm, with the FLUX.2 placement of the quant convs when `quant_in_halves`.
+std::string ldm_name(const std::string& canonical, int n_levels, bool quant_in_halves) {
+    if (quant_in_halves) {
+        if (canonical.rfind("quant_conv.", 0) == 0) return "encoder." + canonical;
+        if (canonical.rfind("post_quant_conv.", 0) == 0) return "decoder." + canonical;
+    }
+    return kl_canonical_to_ldm(canonical, n_levels);
+}
+
 // Resolves canonical names of an AutoencoderKL in a source.
 struct Resolver {
     const io::WeightIndex& index;
@@ -86,7 +95,7 @@ struct Resolver {
         switch (src.layout) {
             case KLLayout::Diffusers: return src.prefix + canonical;
             case KLLayout::DiffusersLegacy: return src.prefix + legacy_attn(canonical);
-            case KLLayout::Ldm: return src.prefix + kl_canonical_to_ldm(canonical, n_levels);
+            case KLLayout::Ldm: return src.prefix + ldm_name(canonical, n_levels, src.quant_in_halves);
         }
         return src.prefix + canonical;
     }
@@ -167,6 +176,7 @@ std::optional<KLSource> find_autoencoder_kl(const io::WeightIndex& index) {
             s.has_decoder = diff_dec && index.contains(pre + "decoder.conv_in.weight");
         } else if (ldm_enc || ldm_dec) {
             s.layout = KLLayout::Ldm;
+            s.quant_in_halves = index.contains(pre + "encoder.quant_conv.weight") || index.contains(pre + "decoder.post_quant_conv.weight");
             s.has_encoder = ldm_enc && index.contains(pre + "encoder.conv_in.weight");
             s.has_decoder = ldm_dec && index.contains(pre + "decoder.conv_in.weight");
         } else {
@@ -474,7 +484,7 @@ std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightInd
     nn::TensorSource ts(index, src.prefix);
     const int n_levels = int(cfg.block_out_channels.size());
     if (src.layout == KLLayout::Ldm)
-        ts.set_mapper([n_levels](const std::string& canonical) { return kl_canonical_to_ldm(canonical, n_levels); });
+        ts.set_mapper([n_levels, q = src.quant_in_halves](const std::string& canonical) { return ldm_name(canonical, n_levels, q); });
     else if (src.layout == KLLayout::DiffusersLegacy)
         ts.set_mapper([](const std::string& canonical) { return legacy_attn(canonical); });
 

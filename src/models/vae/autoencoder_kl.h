@@ -46,6 +46,10 @@ struct KLSource {
     KLLayout layout = KLLayout::Diffusers;
     bool has_encoder = false;
     bool has_decoder = false;
+    /// Ldm layout of the FLUX.2 VAE (BFL flux2 ae.safetensors): the 1x1 quant convs stored inside
+    /// the halves, encoder.quant_conv / decoder.post_quant_conv (diffusers
+    /// scripts/convert_flux2_to_diffusers.py), instead of top-level quant_conv / post_quant_conv.
+    bool quant_in_halves = false;
 };
 
 /// Finds an AutoencoderKL in `index`: tries the prefixes "", "first_stage_model.", "vae." and the

@@ -1,0 +1,652 @@
+// The FLUX.2 [klein] family (see flux2_klein.h).
+#include "models/flux/flux2_klein.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/diffusers.h"
+#include "models/flux/flux_common.h"
+#include "models/model_files.h"
+#include "text/qwen_tokenizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+namespace easel::models::flux {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string flag_of(const std::string& flag_and_path) { return flag_and_path.substr(0, flag_and_path.find(' ')); }
+
+// ---- Pillow's Lanczos resampling (libImaging/Resample.c), 8 bits per channel ----------------
+
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+double sinc(double x) {
+    if (x == 0.0) return 1.0;
+    x *= M_PI;
+    return std::sin(x) / x;
+}
+
+double lanczos3(double x) { return (-3.0 <= x && x < 3.0) ? sinc(x) * sinc(x / 3.0) : 0.0; }
+
+struct Coeffs {
+    int ksize = 0;
+    std::vector<int> bounds;  // per output: xmin, count
+    std::vector<int32_t> k;   // per output: ksize fixed-point weights
+};
+
+// precompute_coeffs + normalize_coeffs_8bpc for a box [0, in_size).
+Coeffs precompute(int in_size, int out_size) {
+    Coeffs c;
+    const double scale = (double)in_size / out_size;
+    const double filterscale = std::max(1.0, scale);
+    const double support = 3.0 * filterscale;
+    c.ksize = (int)std::ceil(support) * 2 + 1;
+    c.bounds.resize((size_t)out_size * 2);
+    c.k.assign((size_t)out_size * c.ksize, 0);
+    std::vector<double> kk((size_t)c.ksize);
+    for (int xx = 0; xx < out_size; ++xx) {
+        const double center = (xx + 0.5) * scale;
+        const double ss = 1.0 / filterscale;
+        int xmin = (int)(center - support + 0.5);
+        if (xmin < 0) xmin = 0;
+        int xmax = (int)(center + support + 0.5);
+        if (xmax > in_size) xmax = in_size;
+        xmax -= xmin;
+        double ww = 0.0;
+        std::fill(kk.begin(), kk.end(), 0.0);
+        for (int x = 0; x < xmax; ++x) {
+            const double w = lanczos3((x + xmin - center + 0.5) * ss);
+            kk[(size_t)x] = w;
+            ww += w;
+        }
+        for (int x = 0; x < xmax; ++x)
+            if (ww != 0.0) kk[(size_t)x] /= ww;
+        for (int x = 0; x < c.ksize; ++x) {
+            const double v = kk[(size_t)x] * (double)(1 << kPrecisionBits);
+            c.k[(size_t)xx * c.ksize + x] = (int32_t)(v < 0 ? -0.5 + v : 0.5 + v);
+        }
+        c.bounds[(size_t)xx * 2] = xmin;
+        c.bounds[(size_t)xx * 2 + 1] = xmax;
+    }
+    return c;
+}
+
+uint8_t clip8(int64_t v) {
+    v >>= kPrecisionBits;
+    return (uint8_t)std::clamp<int64_t>(v, 0, 255);
+}
+
+}  // namespace
+
+std::vector<uint8_t> pil_lanczos_resize(std::span<const uint8_t> pixels, int W, int H, int C, int w, int h) {
+    if (W <= 0 || H <= 0 || C <= 0 || w <= 0 || h <= 0)
+        fail(ErrorKind::InvalidInput, "Lanczos resize from {}x{} to {}x{}: sizes must be positive", W, H, w, h);
+    if (pixels.size() != (size_t)W * H * C)
+        fail(ErrorKind::InvalidInput, "Lanczos resize: {} bytes for a {}x{}x{} image", pixels.size(), W, H, C);
+    std::vector<uint8_t> cur(pixels.begin(), pixels.end());
+    int cw = W, ch = H;
+    if (w != W) {  // horizontal pass
+        Coeffs k = precompute(W, w);
+        std::vector<uint8_t> out((size_t)w * ch * C);
+        for (int y = 0; y < ch; ++y)
+            for (int xx = 0; xx < w; ++xx) {
+                const int xmin = k.bounds[(size_t)xx * 2], xmax = k.bounds[(size_t)xx * 2 + 1];
+                const int32_t* kw = &k.k[(size_t)xx * k.ksize];
+                for (int c = 0; c < C; ++c) {
+                    int64_t ss = (int64_t)1 << (kPrecisionBits - 1);
+                    for (int x = 0; x < xmax; ++x) ss += (int64_t)cur[((size_t)y * cw + x + xmin) * C + c] * kw[x];
+                    out[((size_t)y * w + xx) * C + c] = clip8(ss);
+                }
+            }
+        cur = std::move(out);
+        cw = w;
+    }
+    if (h != H) {  // vertical pass
+        Coeffs k = precompute(H, h);
+        std::vector<uint8_t> out((size_t)cw * h * C);
+        for (int yy = 0; yy < h; ++yy) {
+            const int ymin = k.bounds[(size_t)yy * 2], ymax = k.bounds[(size_t)yy * 2 + 1];
+            const int32_t* kw = &k.k[(size_t)yy * k.ksize];
+            for (int x = 0; x < cw; ++x)
+                for (int c = 0; c < C; ++c) {
+                    int64_t ss = (int64_t)1 << (kPrecisionBits - 1);
+                    for (int y = 0; y < ymax; ++y) ss += (int64_t)cur[((size_t)(y + ymin) * cw + x) * C + c] * kw[y];
+                    out[((size_t)yy * cw + x) * C + c] = clip8(ss);
+                }
+        }
+        cur = std::move(out);
+        ch = h;
+    }
+    return cur;
+}
+
+std::string klein_expected_text_encoder(int64_t joint_dim) {
+    if (joint_dim == 7680) return "Qwen3-4B (hidden size 2560)";
+    if (joint_dim == 12288) return "Qwen3-8B (hidden size 4096)";
+    if (joint_dim % 3 == 0) return fmt::format("a Qwen3 text encoder with hidden size {}", joint_dim / 3);
+    return fmt::format("a text encoder whose three stacked hidden states make {} features", joint_dim);
+}
+
+int64_t klein_prompt_tokens(const text::QwenTokenizer& tok, const std::string& prompt, std::vector<int32_t>& ids,
+                            std::vector<int32_t>& mask01) {
+    ids = tok.encode(text::QwenTokenizer::chat_prompt(prompt, /*empty_think=*/true));
+    if ((int64_t)ids.size() > kKleinPromptTokens) {
+        log::warn("the prompt has {} tokens with the chat template; FLUX.2 Klein reads the first {} (diffusers' max_sequence_length)",
+                  ids.size(), kKleinPromptTokens);
+        ids.resize((size_t)kKleinPromptTokens);
+    }
+    const int64_t n = (int64_t)ids.size();
+    mask01.assign((size_t)kKleinPromptTokens, 0);
+    std::fill(mask01.begin(), mask01.begin() + n, 1);
+    ids.resize((size_t)kKleinPromptTokens, text::QwenTokenizer::kEndOfText);
+    return n;
+}
+
+vae::HostTensor klein_prepare_reference(const vae::HostTensor& image, int multiple) {
+    if (image.n != 1 || image.c != 3)
+        fail(ErrorKind::InvalidInput, "reference image: expected one RGB image, got [{}, {}, {}, {}]", image.n, image.c, image.h, image.w);
+    if (multiple <= 0) fail(ErrorKind::InvalidInput, "reference image: size multiple {} must be positive", multiple);
+    int64_t W = image.w, H = image.h;
+    // Flux2ImageProcessor.check_image_input
+    if (W < 64 || H < 64)
+        fail(ErrorKind::InvalidInput, "reference image {}x{} is too small: both sides must be at least 64 pixels (as diffusers' Flux2 pipelines require)",
+             W, H);
+    if (std::max((double)W / H, (double)H / W) > 8.0)
+        fail(ErrorKind::InvalidInput, "reference image {}x{}: the aspect ratio exceeds 8:1 (diffusers' limit)", W, H);
+    vae::HostTensor img = image;
+    if (W * H > kKleinMaxRefPixels) {
+        // _resize_to_target_area: PIL Lanczos on the 8-bit image
+        const double s = std::sqrt((double)kKleinMaxRefPixels / (double)(W * H));
+        const int w = (int)((double)W * s), h = (int)((double)H * s);
+        std::vector<uint8_t> px((size_t)W * H * 3);
+        for (int64_t y = 0; y < H; ++y)
+            for (int64_t x = 0; x < W; ++x)
+                for (int c = 0; c < 3; ++c) {
+                    const float v = std::round((image.at(0, c, y, x) + 1.0f) * 0.5f * 255.0f);
+                    px[((size_t)y * W + x) * 3 + c] = (uint8_t)std::clamp(v, 0.0f, 255.0f);
+                }
+        auto r = pil_lanczos_resize(px, (int)W, (int)H, 3, w, h);
+        img = vae::HostTensor(1, 3, h, w);
+        for (int y = 0; y < h; ++y)
+            for (int x = 0; x < w; ++x)
+                for (int c = 0; c < 3; ++c) img.at(0, c, y, x) = (float)r[((size_t)y * w + x) * 3 + c] / 255.0f * 2.0f - 1.0f;
+        log::info("reference image {}x{} resized to {}x{} (about 1024x1024 pixels, as diffusers does)", W, H, w, h);
+        W = w;
+        H = h;
+    }
+    const int64_t w = W / multiple * multiple, h = H / multiple * multiple;
+    if (w == W && h == H) return img;
+    log::info("reference image {}x{} centre-cropped to {}x{} (a multiple of {})", W, H, w, h, multiple);
+    return img.crop((H - h) / 2, (W - w) / 2, h, w);
+}
+
+KleinReferences klein_pack_references(std::span<const vae::HostTensor> latents) {
+    KleinReferences r;
+    for (size_t i = 0; i < latents.size(); ++i) {
+        const vae::HostTensor& z = latents[i];
+        if (z.n != 1) fail(ErrorKind::InvalidInput, "reference latent {}: expected one image, got {}", i, z.n);
+        if (i == 0) r.channels = z.c;
+        else if (z.c != r.channels)
+            fail(ErrorKind::InvalidInput, "reference latent {} has {} channels, the first has {}", i, z.c, r.channels);
+        auto tok = flux2_pack_tokens(z);
+        r.tokens.insert(r.tokens.end(), tok.begin(), tok.end());
+        auto ids = flux2_image_ids(z.h, z.w, kKleinRefTimeScale * (float)(i + 1));
+        r.ids.insert(r.ids.end(), ids.begin(), ids.end());
+        r.count += z.h * z.w;
+    }
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Flux2Klein::~Flux2Klein() = default;
+
+std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const FamilyOptions& opt) {
+    std::unique_ptr<Flux2Klein> m(new Flux2Klein());
+    m->files_ = files;
+    m->opt_ = opt;
+    m->weight_type_ = parse_weight_type(opt.weight_type);
+    if (files.model.empty() && files.diffusion_model.empty())
+        fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a FLUX.2 Klein file) or --diffusion-model");
+
+    std::optional<nlohmann::json> sched_cfg;
+    if (!files.model.empty()) {
+        if (io::is_pipeline_folder(files.model)) {
+            std::string pipeline_class;
+            auto comps = io::list_pipeline_components(files.model, &pipeline_class);
+            for (auto& c : comps) {
+                if (c.name == "transformer") m->dit_path_ = c.folder.string();
+                else if (c.name == "vae") m->vae_path_ = c.folder.string();
+                else if (c.name == "text_encoder") m->te_path_ = c.folder.string();
+                else if (c.name == "scheduler") sched_cfg = read_json(c.folder / "scheduler_config.json");
+                else if (c.name == "tokenizer") {
+                    std::error_code ec;
+                    if (fs::is_regular_file(c.folder / "tokenizer.json", ec)) m->tokenizer_json_ = (c.folder / "tokenizer.json").string();
+                }
+            }
+            if (m->dit_path_.empty() && files.diffusion_model.empty())
+                fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no transformer folder; FLUX.2 Klein pipelines have one",
+                     files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
+            if (auto mi = read_json(fs::path(files.model) / "model_index.json"); mi && mi->is_object()) {
+                if (auto it = mi->find("is_distilled"); it != mi->end() && it->is_boolean()) {
+                    m->distilled_ = it->get<bool>();
+                    m->distilled_src_ = "model_index.json";
+                }
+            }
+            m->model_desc_ = "diffusers folder " + files.model;
+        } else {
+            m->dit_path_ = m->vae_path_ = m->te_path_ = files.model;
+            m->model_desc_ = files.model;
+        }
+        m->dit_flag_ = m->vae_flag_ = m->te_flag_ = "-m " + files.model;
+    }
+    if (!files.diffusion_model.empty()) {
+        m->dit_path_ = files.diffusion_model;
+        m->dit_flag_ = "--diffusion-model " + files.diffusion_model;
+        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
+    }
+    if (!files.vae.empty()) {
+        m->vae_path_ = files.vae;
+        m->vae_flag_ = "--vae " + files.vae;
+    }
+    if (!files.llm.empty()) {
+        m->te_path_ = files.llm;
+        m->te_flag_ = "--llm " + files.llm;
+    }
+    if (!files.taesd.empty()) {
+        std::error_code ec;
+        if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
+        m->taesd_path_ = files.taesd;
+    }
+    if (m->distilled_src_.empty()) m->distilled_src_ = "assumed for single files";
+
+    // Transformer configuration from its headers.
+    m->dit_idx_ = open_index(m->dit_path_, flag_of(m->dit_flag_));
+    auto src = find_flux2_dit(*m->dit_idx_);
+    if (!src)
+        fail(ErrorKind::ModelMismatch, "{}: no FLUX.2 transformer in it (no double_stream_modulation_img); pass the FLUX.2 Klein model as -m or "
+             "--diffusion-model", m->dit_flag_);
+    m->dcfg_ = infer_flux2_dit_config(*m->dit_idx_, *src);
+    if (m->dcfg_.guidance_embeds || m->dcfg_.joint_dim == 15360)
+        fail(ErrorKind::ModelMismatch,
+             "{}: this is FLUX.2 [dev] (guidance embedder, context width {} from the Mistral-3 text encoder); easel runs FLUX.2 [klein] "
+             "(Qwen3 text encoder, no guidance embedder)", m->dit_flag_, m->dcfg_.joint_dim);
+    if (m->dcfg_.in_channels % 4 != 0 || m->dcfg_.out_channels != m->dcfg_.in_channels)
+        fail(ErrorKind::ModelMismatch, "{}: the transformer takes {} and returns {} channels; FLUX.2 takes 4 x the VAE's latent channels "
+             "and returns as many", m->dit_flag_, m->dcfg_.in_channels, m->dcfg_.out_channels);
+    if (m->dcfg_.joint_dim % 3 != 0)
+        fail(ErrorKind::ModelMismatch, "{}: context width {} is not 3 x a Qwen3 hidden size (FLUX.2 Klein stacks 3 hidden states)",
+             m->dit_flag_, m->dcfg_.joint_dim);
+
+    // VAE: headers + BatchNorm statistics (also needed to decode with TAEF2).
+    if (m->vae_path_.empty())
+        fail(ErrorKind::ModelMismatch, "{}: no VAE given; pass the FLUX.2 VAE (flux2-vae.safetensors / ae.safetensors) with --vae FILE "
+             "(also with --taesd: its latent statistics are needed)", m->dit_flag_);
+    if (m->vae_path_ != m->dit_path_) m->vae_idx_ = open_index(m->vae_path_, flag_of(m->vae_flag_));
+    const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->dit_idx_;
+    m->kl_ = vae::find_autoencoder_kl(vi);
+    if (!m->kl_)
+        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.2 VAE with --vae FILE", m->vae_flag_);
+    vae::KLOverrides kov;
+    if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+    auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
+    if (kcfg.latent_channels * 4 != m->dcfg_.in_channels)
+        fail(ErrorKind::ModelMismatch, "{}: the VAE has {} latent channels; this transformer needs the {}-channel FLUX.2 VAE", m->vae_flag_,
+             kcfg.latent_channels, m->dcfg_.in_channels / 4);
+    m->vae_factor_ = kcfg.spatial_factor();
+    try {
+        m->stats_ = Flux2LatentStats::load(vi);
+    } catch (const Error& e) {
+        fail(ErrorKind::ModelMismatch, "{}: {}; FLUX.2 needs the FLUX.2 VAE (with bn.running_mean / bn.running_var)", m->vae_flag_, e.what());
+    }
+    if ((int64_t)m->stats_.mean.size() != m->dcfg_.in_channels)
+        fail(ErrorKind::ModelMismatch, "{}: the VAE's latent statistics have {} channels, the transformer takes {}", m->vae_flag_,
+             m->stats_.mean.size(), m->dcfg_.in_channels);
+
+    double shift = 3.0;
+    if (sched_cfg && sched_cfg->contains("shift") && (*sched_cfg)["shift"].is_number()) shift = (*sched_cfg)["shift"].get<double>();
+    if (opt.flow_shift > 0.0f) shift = opt.flow_shift;
+    m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::flow(shift));
+    return m;
+}
+
+std::string Flux2Klein::name() const { return "FLUX.2 Klein"; }
+
+std::string Flux2Klein::describe() const {
+    return fmt::format("FLUX.2 Klein ({}), transformer D={} heads={} double={} single={} context {}, {} ({}){}{}", model_desc_,
+                       dcfg_.hidden, dcfg_.heads, dcfg_.n_double, dcfg_.n_single, dcfg_.joint_dim, distilled_ ? "distilled" : "base",
+                       distilled_src_, te_desc_.empty() ? "" : ", text encoder " + te_desc_,
+                       taesd_path_.empty() ? "" : ", TAEF2 decoder " + taesd_path_);
+}
+
+LatentFormat Flux2Klein::latent_format() const {
+    LatentFormat f;
+    f.channels = dcfg_.in_channels;
+    f.spatial_factor = vae_factor_ * 2;
+    f.scaling_factor = 1.0f;
+    f.shift_factor = 0.0f;
+    return f;
+}
+
+const sampling::ModelSampling& Flux2Klein::model_sampling() const { return *ms_; }
+
+SamplingDefaults Flux2Klein::defaults() const {
+    SamplingDefaults d;
+    d.sampler = "euler";
+    d.scheduler = "flux2";
+    d.steps = distilled_ ? 4 : 50;
+    d.cfg_scale = distilled_ ? 1.0f : 4.0f;
+    d.clip_skip = 0;
+    d.width = d.height = 1024;
+    return d;
+}
+
+sampling::ScheduleOptions Flux2Klein::schedule_options() const {
+    sampling::ScheduleOptions o;
+    o.flow_pipeline_sigmas = true;
+    return o;
+}
+
+std::vector<std::string> Flux2Klein::module_files(Module m) const {
+    switch (m) {
+    case Module::Te: {
+        std::vector<std::string> r;
+        if (!te_path_.empty()) r.push_back(te_path_);
+        if (!tokenizer_json_.empty()) r.push_back(tokenizer_json_);
+        return r;
+    }
+    case Module::Diffusion: return {dit_path_};
+    case Module::VaeDecoder:
+        if (!taesd_path_.empty()) return {taesd_path_, vae_path_};
+        return {vae_path_};
+    case Module::VaeEncoder: return {vae_path_};
+    }
+    return {};
+}
+
+runtime::GraphRunner& Flux2Klein::vae_runner() {
+    if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
+    return *vae_runner_;
+}
+
+bool Flux2Klein::loaded(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ != nullptr;
+    case Module::Diffusion: return dit_ != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr;
+    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    }
+    return false;
+}
+
+const text::QwenTokenizer& Flux2Klein::tokenizer() const {
+    if (tokenizer_json_.empty()) return text::QwenTokenizer::builtin();
+    if (!own_tokenizer_) own_tokenizer_ = std::make_unique<text::QwenTokenizer>(text::QwenTokenizer::from_file(tokenizer_json_));
+    return *own_tokenizer_;
+}
+
+const io::WeightIndex& Flux2Klein::te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const {
+    const std::string expected = klein_expected_text_encoder(dcfg_.joint_dim);
+    if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected);
+    const io::WeightIndex* ti = nullptr;
+    if (te_path_ == dit_path_) ti = dit_idx_.get();
+    else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
+    else {
+        own = open_index(te_path_, flag_of(te_flag_));
+        ti = own.get();
+    }
+    auto k = qwen3::find_qwen3(*ti);
+    if (!k)
+        fail(ErrorKind::ModelMismatch, "{}: no Qwen3 text encoder found in it; this FLUX.2 Klein transformer expects {}; pass it with --llm FILE",
+             te_flag_, expected);
+    keys = *k;
+    cfg = qwen3::infer_config(*ti, keys);
+    if (cfg.hidden * 3 != dcfg_.joint_dim)
+        fail(ErrorKind::ModelMismatch,
+             "{}: a Qwen3 text encoder of hidden size {} gives {} context features, but the transformer's context_embedder takes {}: this "
+             "FLUX.2 Klein model expects {}",
+             te_flag_, cfg.hidden, cfg.hidden * 3, dcfg_.joint_dim, expected);
+    const int need_layers = kKleinTextLayers[2];
+    if (cfg.layers < need_layers)
+        fail(ErrorKind::ModelMismatch, "{}: the text encoder has {} layers; FLUX.2 Klein reads hidden state {} and needs at least {} ({})",
+             te_flag_, cfg.layers, need_layers, need_layers, expected);
+    return *ti;
+}
+
+void Flux2Klein::load(Module m) {
+    if (loaded(m)) return;
+    switch (m) {
+    case Module::Te: {
+        std::unique_ptr<io::WeightIndex> own;
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(own, keys, qc);
+        qwen3::Qwen3RunOptions ro;
+        ro.device = opt_.te_device;
+        ro.threads = opt_.threads;
+        ro.weight_type = weight_type_;
+        ro.flash_attn = opt_.flash_attn_te;
+        // hidden_states[27] is the raw output of layer 26 when the model has more than 27 layers:
+        // 28 layers give the same value and the deeper ones are never read.
+        const int max_index = kKleinTextLayers[2];
+        if (qc.layers > max_index + 1) ro.overrides.layers = max_index + 1;
+        te_ = std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
+        te_desc_ = fmt::format("Qwen3 hidden {} x {} layers{}", qc.hidden, qc.layers,
+                               ro.overrides.layers ? fmt::format(" (first {} loaded)", *ro.overrides.layers) : std::string());
+        break;
+    }
+    case Module::Diffusion: {
+        dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
+        nn::LoadOptions lo;
+        lo.weight_type = weight_type_;
+        dit_ = std::make_unique<Flux2DiTModel>(Flux2DiTModel::load(*dit_idx_, dit_runner_->buffer_type(), lo, dcfg_.axes_dims));
+        break;
+    }
+    case Module::VaeDecoder: {
+        if (!taesd_path_.empty()) {
+            taesd_idx_ = open_index(taesd_path_, "--taesd");
+            taesd_ = vae::TinyAutoencoder::load(*taesd_idx_, vae_runner().backend());
+            if (!taesd_->has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF2: taef2_decoder)", taesd_path_);
+            if (taesd_->latent_channels() * 4 != dcfg_.in_channels)
+                fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; FLUX.2 needs TAEF2 ({} channels)", taesd_path_,
+                     taesd_->latent_channels(), dcfg_.in_channels / 4);
+            break;
+        }
+        [[fallthrough]];
+    }
+    case Module::VaeEncoder: {
+        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
+        vae::KLOverrides kov;
+        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
+        slot = vae::AutoencoderKLModel::load(vi, *kl_, vae_runner().backend(), kov,
+                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
+        break;
+    }
+    }
+    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
+}
+
+void Flux2Klein::unload(Module m) {
+    switch (m) {
+    case Module::Te: te_.reset(); break;
+    case Module::Diffusion:
+        dit_.reset();
+        dit_runner_.reset();
+        break;
+    case Module::VaeDecoder:
+        vae_dec_.reset();
+        taesd_.reset();
+        taesd_idx_.reset();
+        if (!vae_enc_) vae_runner_.reset();
+        break;
+    case Module::VaeEncoder:
+        vae_enc_.reset();
+        if (!vae_dec_ && !taesd_) vae_runner_.reset();
+        break;
+    }
+}
+
+size_t Flux2Klein::param_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ ? te_->param_bytes() : 0;
+    case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
+    case Module::VaeDecoder:
+        if (vae_dec_) return bound_bytes(vae_dec_->module());
+        if (taesd_) {
+            size_t b = 0;
+            if (taesd_->decoder()) b += bound_bytes(*taesd_->decoder());
+            if (taesd_->encoder()) b += bound_bytes(*taesd_->encoder());
+            return b;
+        }
+        return 0;
+    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    }
+    return 0;
+}
+
+size_t Flux2Klein::compute_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_compute_;
+    case Module::Diffusion: return dit_compute_;
+    case Module::VaeDecoder: return vae_dec_compute_;
+    case Module::VaeEncoder: return vae_enc_compute_;
+    }
+    return 0;
+}
+
+Conditioning Flux2Klein::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
+    std::vector<int32_t> ids, mask01;
+    klein_prompt_tokens(tokenizer(), prompt, ids, mask01);
+    load(Module::Te);
+    const int64_t vocab = te_->config().vocab;
+    for (int32_t id : ids)
+        if (id < 0 || id >= vocab)
+            fail(ErrorKind::ModelMismatch, "{}: token id {} is outside the text encoder's vocabulary of {}; FLUX.2 Klein expects {} with Qwen's vocabulary",
+                 te_flag_, id, vocab, klein_expected_text_encoder(dcfg_.joint_dim));
+    auto hs = te_->run(ids, mask01, 1, kKleinPromptTokens, std::span<const int>(kKleinTextLayers, 3));
+    te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+    runtime::HostTensor st = qwen3::stack_hidden_states(hs);
+    Conditioning r;
+    r.dim = st.ne[0];
+    r.tokens = st.ne[1];
+    r.context = std::move(st.data);
+    r.token_ids = std::move(ids);
+    return r;
+}
+
+void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w, double timestep,
+                           const Conditioning& cond, std::span<float> out) {
+    const int64_t C = dcfg_.in_channels;
+    if (!concat.empty())
+        fail(ErrorKind::InvalidInput, "FLUX.2 Klein's transformer takes no extra input channels (got {} values); in-painting is not supported",
+             concat.size());
+    if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "latent size {}x{} must be positive", w, h);
+    if ((int64_t)x.size() != C * h * w)
+        fail(ErrorKind::InvalidInput, "transformer latent input has {} values, expected {}x{}x{}", x.size(), C, h, w);
+    if ((int64_t)out.size() != C * h * w)
+        fail(ErrorKind::InvalidInput, "transformer output buffer has {} values, expected {}x{}x{}", out.size(), C, h, w);
+    if (cond.dim != dcfg_.joint_dim)
+        fail(ErrorKind::ModelMismatch, "conditioning width {} does not match the transformer's context width {} ({} expected)", cond.dim,
+             dcfg_.joint_dim, klein_expected_text_encoder(dcfg_.joint_dim));
+    if (cond.tokens <= 0 || (int64_t)cond.context.size() != cond.tokens * cond.dim)
+        fail(ErrorKind::InvalidInput, "conditioning context has {} values, expected {} tokens x {}", cond.context.size(), cond.tokens, cond.dim);
+    if (!std::isfinite(timestep)) fail(ErrorKind::InvalidInput, "timestep {} is not finite", timestep);
+    if (refs_.count > 0 && refs_.channels != C)
+        fail(ErrorKind::InvalidInput, "reference tokens have {} channels, the transformer takes {}", refs_.channels, C);
+    load(Module::Diffusion);
+
+    // Image tokens (packed latent) then reference tokens; ids [txt; img; refs].
+    const int64_t Li = h * w, Lr = refs_.count, Lt = cond.tokens, L = Li + Lr;
+    vae::HostTensor xt(1, C, h, w);
+    std::copy(x.begin(), x.end(), xt.data.begin());
+    std::vector<float> img = flux2_pack_tokens(xt);
+    img.insert(img.end(), refs_.tokens.begin(), refs_.tokens.end());
+    std::vector<float> ids = flux2_text_ids(Lt);
+    auto iids = flux2_image_ids(h, w, 0.0f);
+    ids.insert(ids.end(), iids.begin(), iids.end());
+    ids.insert(ids.end(), refs_.ids.begin(), refs_.ids.end());
+    const RopeTables rope = rope_tables(ids, Lt + L, dcfg_.axes_dims, dcfg_.theta);
+    // Flux2KleinPipeline: timestep = t / 1000 in float32, t = sigma * 1000 (float32)
+    const float t_model = (float)timestep / 1000.0f;
+    dit_runner_->set_threads(opt_.threads);
+    auto res = dit_runner_->run([&](runtime::GraphBuilder& g) {
+        nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion, g.backend()};
+        Flux2Inputs in;
+        in.img = g.input_f32("img", {C, L, 1}, img);
+        in.txt = g.input_f32("txt", {cond.dim, Lt, 1}, cond.context);
+        in.timestep = g.input_f32("t", {1}, std::span<const float>(&t_model, 1));
+        in.rope_cos = g.input_f32("rope_cos", {rope.half_dim, rope.tokens}, rope.cos);
+        in.rope_sin = g.input_f32("rope_sin", {rope.half_dim, rope.tokens}, rope.sin);
+        return std::vector<ggml_tensor*>{dit_->module->forward(c, in).sample};
+    });
+    dit_compute_ = std::max(dit_compute_, dit_runner_->last_compute_bytes());
+    if ((int64_t)res[0].data.size() != C * L)
+        fail(ErrorKind::Internal, "FLUX.2 transformer: output has {} values, expected {}", res[0].data.size(), C * L);
+    // noise_pred[:, :Li]: the image tokens, back to [C, h, w]
+    res[0].data.resize((size_t)(C * Li));
+    vae::HostTensor o = flux2_unpack_tokens(res[0].data, 1, C, h, w);
+    std::copy(o.data.begin(), o.data.end(), out.begin());
+}
+
+vae::HostTensor Flux2Klein::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
+    if (latent.c != dcfg_.in_channels)
+        fail(ErrorKind::InvalidInput, "latent has {} channels; FLUX.2 Klein latents have {}", latent.c, dcfg_.in_channels);
+    load(Module::VaeDecoder);
+    vae::ExecOptions ex;
+    ex.n_threads = opt_.threads;
+    vae::HostTensor z = flux2_diffusion_to_vae(latent, stats_);
+    if (taesd_) {
+        return taesd_->decode(z, ex);
+    }
+    return vae_dec_->decode(z, tiling, ex);
+}
+
+vae::HostTensor Flux2Klein::vae_encode_mean(const vae::HostTensor& image, const vae::TilingOptions& tiling, vae::HostTensor* logvar) {
+    load(Module::VaeEncoder);
+    vae::ExecOptions ex;
+    ex.n_threads = opt_.threads;
+    vae::LatentDist d = vae_enc_->encode(image, tiling, ex);
+    if (logvar) *logvar = std::move(d.logvar);
+    return std::move(d.mean);
+}
+
+vae::LatentDist Flux2Klein::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
+    const int f = latent_format().spatial_factor;
+    if (image.h % f != 0 || image.w % f != 0)
+        fail(ErrorKind::InvalidInput, "image {}x{}: FLUX.2 Klein needs sides that are multiples of {}", image.w, image.h, f);
+    vae::HostTensor logvar;
+    vae::HostTensor mean = vae_encode_mean(image, tiling, &logvar);
+    vae::LatentDist d;
+    d.mean = flux2_vae_to_diffusion(mean, stats_);
+    d.logvar = patchify_2x2(logvar);
+    const int64_t hw = d.logvar.h * d.logvar.w;
+    for (int64_t n = 0; n < d.logvar.n; ++n)
+        for (int64_t c = 0; c < d.logvar.c; ++c) {
+            const float s = std::log(stats_.var[(size_t)c] + stats_.eps);
+            float* p = d.logvar.data.data() + (size_t)((n * d.logvar.c + c) * hw);
+            for (int64_t i = 0; i < hw; ++i) p[i] -= s;
+        }
+    return d;
+}
+
+void Flux2Klein::set_reference_images(std::span<const vae::HostTensor> images) {
+    refs_ = {};
+    if (images.empty()) return;
+    const int f = latent_format().spatial_factor;
+    std::vector<vae::HostTensor> lat;
+    for (size_t i = 0; i < images.size(); ++i) {
+        vae::HostTensor img = klein_prepare_reference(images[i], f);
+        // Flux2KleinPipeline._encode_vae_image: retrieve_latents(sample_mode="argmax") = the mean
+        vae::HostTensor mean = vae_encode_mean(img, {}, nullptr);
+        lat.push_back(flux2_vae_to_diffusion(mean, stats_));
+        log::info("reference image {}: {}x{} pixels -> {} tokens", i + 1, img.w, img.h, lat.back().h * lat.back().w);
+    }
+    refs_ = klein_pack_references(lat);
+}
+
+}  // namespace easel::models::flux
