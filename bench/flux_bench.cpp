@@ -23,6 +23,8 @@
 // Values: matmul weights uniform in +-1/sqrt(fan_in), biases uniform in +-0.02, norm scales 1;
 // inputs uniform in +-1. The output statistics show whether anything overflowed (non_finite 0).
 #include "bench_common.h"
+#include "full_size_configs.h"
+#include "made_up_weights.h"
 #include "core/error.h"
 #include "easel_version.h"
 #include "io/weight_index.h"
@@ -56,122 +58,6 @@ namespace fs = std::filesystem;
 namespace flux = easel::models::flux;
 using json = nlohmann::json;
 using namespace easel::bench;
-
-/// splitmix64 (Steele, Lea, Flood 2014); one stream per tensor (seed ^ FNV-1a of the name).
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    float sym() { return float((next() >> 40) * (1.0 / 8388608.0) - 1.0); }  ///< uniform in [-1, 1)
-};
-
-uint64_t name_hash(const std::string& s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-    return h;
-}
-
-/// FLUX.1-dev transformer/config.json (black-forest-labs/FLUX.1-dev), `dbl`/`sgl` blocks.
-flux::FluxDiTConfig flux1_dev_config(int dbl, int sgl) {
-    flux::FluxDiTConfig c;
-    c.in_channels = c.out_channels = 64;
-    c.hidden = 3072;
-    c.head_dim = 128;
-    c.heads = 24;
-    c.mlp_hidden = 12288;
-    c.joint_dim = 4096;
-    c.pooled_dim = 768;
-    c.time_channels = 256;
-    c.n_double = dbl;
-    c.n_single = sgl;
-    c.guidance_embeds = true;
-    c.axes_dims = {16, 56, 56};
-    return c;
-}
-
-/// FLUX.2 [klein] 9B transformer config (Flux2Transformer2DModel; Qwen3-8B text features).
-flux::Flux2DiTConfig klein9b_config(int dbl, int sgl) {
-    flux::Flux2DiTConfig c;
-    c.in_channels = c.out_channels = 128;
-    c.hidden = 4096;
-    c.head_dim = 128;
-    c.heads = 32;
-    c.mlp_hidden = 12288;  // mlp_ratio 3
-    c.joint_dim = 12288;   // 3 x 4096
-    c.time_channels = 256;
-    c.n_double = dbl;
-    c.n_single = sgl;
-    c.guidance_embeds = false;
-    c.axes_dims = {32, 32, 32, 32};
-    return c;
-}
-
-/// Writes every parameter of `root` as BF16 made-up values to a safetensors file. Returns the
-/// parameter count. Throws Error(Io) when the file cannot be written.
-int64_t write_made_up(const fs::path& path, nn::Block& root, uint64_t seed) {
-    struct P {
-        std::string name;
-        std::vector<int64_t> shape;
-        nn::ParamRole role;
-    };
-    std::vector<P> ps;
-    root.visit_params("", [&](const std::string& n, nn::Param& p) { ps.push_back({n, p.shape, p.role}); });
-    json header = json::object();
-    uint64_t off = 0;
-    int64_t count = 0;
-    for (auto& p : ps) {
-        int64_t n = 1;
-        for (int64_t d : p.shape) n *= d;
-        header[p.name] = {{"dtype", "BF16"}, {"shape", p.shape}, {"data_offsets", {off, off + 2 * (uint64_t)n}}};
-        off += 2 * (uint64_t)n;
-        count += n;
-    }
-    header["__metadata__"] = {{"format", "pt"}, {"producer", "easel-bench-flux made-up weights"}};
-    std::string h = header.dump();
-    while (h.size() % 8 != 0) h.push_back(' ');
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) fail(ErrorKind::Io, "cannot create the temporary weight file {}: choose another folder with --tmp-dir", path.string());
-    uint64_t hl = h.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = (unsigned char)(hl >> (8 * i));
-    f.write((const char*)le, 8);
-    f.write(h.data(), (std::streamsize)h.size());
-    std::vector<float> v;
-    std::vector<ggml_bf16_t> bf;
-    for (auto& p : ps) {
-        int64_t n = 1;
-        for (int64_t d : p.shape) n *= d;
-        v.resize((size_t)n);
-        if (p.role == nn::ParamRole::Norm) {
-            std::fill(v.begin(), v.end(), 1.0f);
-        } else {
-            const float scale = p.role == nn::ParamRole::Weight ? 1.0f / std::sqrt((float)p.shape.back()) : 0.02f;
-            Rng rng{seed ^ name_hash(p.name)};
-            for (auto& x : v) x = scale * rng.sym();
-        }
-        bf.resize(v.size());
-        ggml_fp32_to_bf16_row(v.data(), bf.data(), (int64_t)v.size());
-        f.write((const char*)bf.data(), (std::streamsize)(bf.size() * sizeof(ggml_bf16_t)));
-    }
-    f.close();
-    if (!f) fail(ErrorKind::Io, "writing {} failed (disk full?): choose another folder with --tmp-dir", path.string());
-    return count;
-}
-
-
-
-
-
-std::vector<float> uniform(size_t n, uint64_t seed) {
-    Rng r{seed};
-    std::vector<float> v(n);
-    for (auto& x : v) x = r.sym();
-    return v;
-}
 
 int main_impl(int argc, char** argv) {
     std::string device, type = "bf16", json_path, tmp_dir, model_name = "flux1";
@@ -215,10 +101,10 @@ int main_impl(int argc, char** argv) {
     int64_t count;
     if (f1) {
         flux::FluxDiT shape_only(flux1_dev_config(dbl, sgl));
-        count = write_made_up(tmp.path, shape_only, seed);
+        count = write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-flux made-up weights");
     } else {
         flux::Flux2DiT shape_only(klein9b_config(dbl, sgl));
-        count = write_made_up(tmp.path, shape_only, seed);
+        count = write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-flux made-up weights");
     }
     const double write_s = seconds_since(t0);
     t0 = Clock::now();
@@ -245,8 +131,8 @@ int main_impl(int argc, char** argv) {
     const int64_t J = f1 ? m1.module->config().joint_dim : m2.module->config().joint_dim;
     const std::vector<int>& axes = f1 ? m1.module->config().axes_dims : m2.module->config().axes_dims;
     const double theta = f1 ? m1.module->config().theta : m2.module->config().theta;
-    std::vector<float> img = uniform(size_t(C * Li), seed ^ 0x5eedull), txt = uniform(size_t(J * Lt), seed ^ 0x7e77ull);
-    std::vector<float> pooled = uniform(768, seed ^ 0x9001ull), t{0.5f}, g{3.5f};
+    std::vector<float> img = uniform_values(size_t(C * Li), seed ^ 0x5eedull), txt = uniform_values(size_t(J * Lt), seed ^ 0x7e77ull);
+    std::vector<float> pooled = uniform_values(768, seed ^ 0x9001ull), t{0.5f}, g{3.5f};
     std::vector<float> ids;
     if (f1) {
         ids.assign(size_t(Lt * 3), 0.0f);

@@ -16,6 +16,8 @@
 // +-0.02, norm scales 1; inputs uniform in +-1. The output statistics show whether anything
 // overflowed (non_finite must be 0).
 #include "bench_common.h"
+#include "full_size_configs.h"
+#include "made_up_weights.h"
 #include "core/error.h"
 #include "easel_version.h"
 #include "io/weight_index.h"
@@ -48,102 +50,10 @@ namespace zi = easel::models::zimage;
 using json = nlohmann::json;
 using namespace easel::bench;
 
-/// splitmix64 (Steele, Lea, Flood 2014); one stream per tensor (seed ^ FNV-1a of the name).
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    float sym() { return float((next() >> 40) * (1.0 / 8388608.0) - 1.0); }  ///< uniform in [-1, 1)
-};
-
-uint64_t name_hash(const std::string& s) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
-    return h;
+/// Z-Image's norm scales are 1, except the x/cap pad tokens (Norm role, but embeddings).
+bool zimage_ones(const std::string& name, nn::ParamRole role) {
+    return role == nn::ParamRole::Norm && name.find("pad_token") == std::string::npos;
 }
-
-/// Z-Image-Turbo's transformer/config.json, with `layers` main layers and `refiners` refiner
-/// layers of each kind (30 and 2 for the real model).
-zi::ZImageDiTConfig turbo_config(int layers, int refiners) {
-    zi::ZImageDiTConfig c;
-    c.in_channels = 16;
-    c.patch = 2;
-    c.f_patch = 1;
-    c.dim = 3840;
-    c.n_heads = c.n_kv_heads = 30;
-    c.head_dim = 128;
-    c.ffn_hidden = 10240;  // int(3840 / 3 * 8)
-    c.n_layers = layers;
-    c.n_noise_refiner = c.n_context_refiner = refiners;
-    c.cap_feat_dim = 2560;
-    c.adaln_dim = 256;
-    c.t_hidden = 1024;
-    c.t_freq_dim = 256;
-    c.axes_dims = {32, 48, 48};
-    c.axes_lens = {1024, 512, 512};
-    return c;
-}
-
-/// Writes every parameter of `root` as BF16 made-up values to a safetensors file. Returns the
-/// parameter count. Throws Error(Io) when the file cannot be written.
-int64_t write_made_up(const fs::path& path, nn::Block& root, uint64_t seed) {
-    struct P {
-        std::string name;
-        std::vector<int64_t> shape;
-        nn::ParamRole role;
-    };
-    std::vector<P> ps;
-    root.visit_params("", [&](const std::string& n, nn::Param& p) { ps.push_back({n, p.shape, p.role}); });
-    json header = json::object();
-    uint64_t off = 0;
-    int64_t count = 0;
-    for (auto& p : ps) {
-        int64_t n = 1;
-        for (int64_t d : p.shape) n *= d;
-        header[p.name] = {{"dtype", "BF16"}, {"shape", p.shape}, {"data_offsets", {off, off + 2 * (uint64_t)n}}};
-        off += 2 * (uint64_t)n;
-        count += n;
-    }
-    header["__metadata__"] = {{"format", "pt"}, {"producer", "easel-bench-zimage made-up weights"}};
-    std::string h = header.dump();
-    while (h.size() % 8 != 0) h.push_back(' ');
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) fail(ErrorKind::Io, "cannot create the temporary weight file {}: choose another folder with --tmp-dir", path.string());
-    uint64_t hl = h.size();
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = (unsigned char)(hl >> (8 * i));
-    f.write((const char*)le, 8);
-    f.write(h.data(), (std::streamsize)h.size());
-    std::vector<float> v;
-    std::vector<ggml_bf16_t> bf;
-    for (auto& p : ps) {
-        int64_t n = 1;
-        for (int64_t d : p.shape) n *= d;
-        v.resize((size_t)n);
-        const bool norm_scale = p.role == nn::ParamRole::Norm && p.name.find("pad_token") == std::string::npos;
-        if (norm_scale) {
-            std::fill(v.begin(), v.end(), 1.0f);
-        } else {
-            const float scale = p.role == nn::ParamRole::Weight ? 1.0f / std::sqrt((float)p.shape.back()) : 0.02f;
-            Rng rng{seed ^ name_hash(p.name)};
-            for (auto& x : v) x = scale * rng.sym();
-        }
-        bf.resize(v.size());
-        ggml_fp32_to_bf16_row(v.data(), bf.data(), (int64_t)v.size());
-        f.write((const char*)bf.data(), (std::streamsize)(bf.size() * sizeof(ggml_bf16_t)));
-    }
-    f.close();
-    if (!f) fail(ErrorKind::Io, "writing {} failed (disk full?): choose another folder with --tmp-dir", path.string());
-    return count;
-}
-
-
-
-
 
 int main_impl(int argc, char** argv) {
     std::string device, type = "bf16", json_path, tmp_dir;
@@ -182,7 +92,7 @@ int main_impl(int argc, char** argv) {
     int64_t count;
     {
         zi::ZImageDiT shape_only(turbo_config(layers, refiners));
-        count = write_made_up(tmp.path, shape_only, seed);
+        count = write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-zimage made-up weights", zimage_ones);
     }
     const double write_s = seconds_since(t0);
     t0 = Clock::now();
