@@ -71,8 +71,10 @@ EASEL_COMMAND(
                 return 0;
             }
             fmt::print("{}", placement::format_plan(plans));
-            fmt::print("te on {}, vae on {} (whole modules, weights on the device)\n", (*spec)[PModule::Te].devices[0],
-                       (*spec)[PModule::Vae].devices[0]);
+            bool te_planned = false;
+            for (auto& pl : plans) te_planned = te_planned || pl.module == PModule::Te;
+            if (!te_planned) fmt::print("te on {} (whole module, weights on the device)\n", (*spec)[PModule::Te].devices[0]);
+            fmt::print("vae on {} (whole module, weights on the device; its stage is not in the table)\n", (*spec)[PModule::Vae].devices[0]);
             return 0;
         };
     },

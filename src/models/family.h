@@ -182,6 +182,20 @@ public:
     /// The plans in use and the measured peak bytes per device since loading (empty when none).
     virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
     virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
+    /// Planner inputs of every module the family can run under a placement plan, for one
+    /// evaluation on a latent of h x w cells at the job's shapes, without loading any weight:
+    /// per module (placement::ModuleCosts::module says which: te, diffusion ...) the parameter
+    /// bytes of each block and of the prologue/epilogue at the types loading would choose
+    /// (--type applied), and `measure(b, e, prologue, epilogue, device)`, the compute buffer of
+    /// the graph running blocks [b, e) on a ggml device (by name), sized with ggml's graph
+    /// allocator; `state_bytes(e)`, the state crossing block e. Text encoders are costed at the
+    /// family's longest prompt (SD: one 77-token window; Z-Image: 512 tokens) and default clip
+    /// skip. Independent of FamilyOptions::placement (the --auto-fit planner calls it before a
+    /// spec exists). The callbacks own what they use and may outlive the call, not the family.
+    /// Empty when the family has no placeable module. Throws Error(ModelMismatch) / Error(Io)
+    /// when a module's file is missing or of the wrong kind (headers are read).
+    virtual std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) { return {}; }
+
 };
 
 /// Detects the family from the files (headers only: no weights are read) and returns it with no

@@ -146,9 +146,9 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
         fo.te_device = placement::find_device((*spec)[PModule::Te].devices.at(0));
         fo.diffusion_device = placement::find_device((*spec)[PModule::Diffusion].devices.at(0));
         fo.vae_device = placement::find_device((*spec)[PModule::Vae].devices.at(0));
-        if ((*spec)[PModule::Te].devices.size() > 1 || !(*spec)[PModule::Te].params.empty() || !(*spec)[PModule::Vae].params.empty())
-            log::warn("placement: the text encoder and the VAE run whole on their first --backend device with their weights there "
-                      "(device lists and --params-backend apply to the diffusion model in this build)");
+        if (!(*spec)[PModule::Vae].params.empty())
+            log::warn("placement: the VAE runs whole on its --backend device with its weights there (--params-backend vae=... is "
+                      "not applied in this build; the text encoder and the diffusion model run under their plans)");
         s.device = fo.diffusion_device;
         fo.placement = spec;
     }

@@ -254,10 +254,52 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
     return s;
 }
 
-std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<std::string, uint64_t>& measured) {
-    std::map<std::string, uint64_t> predicted;
+std::string stage_of(const ModulePlan& p) { return p.stage.empty() ? std::string(pmodule_name(p.module)) : p.stage; }
+
+std::map<std::string, uint64_t> device_peaks(const std::vector<ModulePlan>& plans) {
+    std::map<std::string, std::map<std::string, uint64_t>> by;  // device -> stage -> bytes
     for (auto& p : plans)
-        for (auto& u : p.devices) predicted[u.device] = std::max(predicted[u.device], u.total());
+        for (auto& u : p.devices) by[u.device][stage_of(p)] += u.total();
+    std::map<std::string, uint64_t> out;
+    for (auto& [d, m] : by)
+        for (auto& [st, b] : m) out[d] = std::max(out[d], b);
+    return out;
+}
+
+void check_stage_budgets(const std::vector<ModulePlan>& plans) {
+    std::map<std::pair<std::string, std::string>, std::vector<std::pair<const ModulePlan*, const DeviceUse*>>> by;
+    for (auto& p : plans)
+        for (auto& u : p.devices) by[{u.device, stage_of(p)}].push_back({&p, &u});
+    for (auto& [key, v] : by) {
+        if (v.size() < 2) continue;  // one module alone: plan_module checked it
+        uint64_t total = 0, budget = 0;
+        std::string parts;
+        for (auto& [p, u] : v) {
+            total += u->total();
+            if (u->budget) budget = budget ? std::min(budget, u->budget) : u->budget;
+            parts += fmt::format("{}{} {:.0f}", parts.empty() ? "" : " + ", pmodule_name(p->module), mib(u->total()));
+        }
+        if (budget && total > budget)
+            fail(ErrorKind::OutOfMemory,
+                 "on {} the {} stage needs {:.0f} MiB ({}) but the budget leaves {:.0f} MiB; put one of the modules on another device "
+                 "(--backend MODULE=DEV) or keep its weights in RAM (--params-backend MODULE=cpu)",
+                 key.first, key.second, mib(total), parts, mib(budget));
+    }
+}
+
+std::vector<ModulePlan> plan_modules(const PlacementSpec& spec, const std::vector<ModuleCosts>& costs,
+                                     const std::map<std::string, uint64_t>& budgets) {
+    std::vector<ModulePlan> plans;
+    for (auto& c : costs) {
+        plans.push_back(plan_module(c.module, spec[c.module], c.module == PModule::Diffusion && spec.stream_layers, c, budgets));
+        plans.back().stage = pmodule_name(c.module);
+    }
+    check_stage_budgets(plans);
+    return plans;
+}
+
+std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<std::string, uint64_t>& measured) {
+    const std::map<std::string, uint64_t> predicted = device_peaks(plans);
     std::string s = fmt::format("{:<24} {:>14} {:>14}\n", "device", "predicted MiB", "measured MiB");
     for (auto& [d, b] : predicted) {
         auto it = measured.find(d);
@@ -265,5 +307,31 @@ std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<st
     }
     return s;
 }
+    if (plans.size() > 1) {
+        // per device: the stages time-share it; the modules of one stage add
+        std::vector<std::string> stages;
+        for (auto& p : plans)
+            if (std::find(stages.begin(), stages.end(), stage_of(p)) == stages.end()) stages.push_back(stage_of(p));
+        std::map<std::string, std::map<std::string, uint64_t>> by;  // device -> stage -> bytes
+        std::map<std::string, uint64_t> budget;
+        for (auto& p : plans)
+            for (auto& u : p.devices) {
+                by[u.device][stage_of(p)] += u.total();
+                if (u.budget) budget[u.device] = u.budget;
+            }
+        s += fmt::format("\nper device, by stage (one stage's modules are loaded together; stages run one after another):\n{:<24}", "device");
+        for (auto& st : stages) s += fmt::format(" {:>10}", st);
+        s += fmt::format(" {:>10} {:>10}\n", "peak", "budget");
+        const auto peaks = device_peaks(plans);
+        for (auto& [d, m] : by) {
+            s += fmt::format("{:<24}", d);
+            for (auto& st : stages) {
+                auto it = m.find(st);
+                s += fmt::format(" {:>10}", it == m.end() ? std::string("-") : fmt::format("{:.1f}", mib(it->second)));
+            }
+            auto b = budget.find(d);
+            s += fmt::format(" {:>10.1f} {:>10}\n", mib(peaks.at(d)), b == budget.end() ? std::string("-") : fmt::format("{:.1f}", mib(b->second)));
+        }
+    }
 
 }  // namespace easel::placement

@@ -62,6 +62,12 @@ struct ModulePlan {
     PModule module = PModule::Diffusion;
     std::string label;             ///< e.g. "diffusion (UNet, 12 blocks)"
     std::string params_location;   ///< spec value: "" (runtime devices), device name, or "disk"
+    /// The pipeline stage during which the module is loaded ("te", "diffusion", "vae": easel
+    /// generate loads one module per stage and frees it before the next, see
+    /// pipeline/generate.cpp). Plans of one stage are resident together: their bytes on a
+    /// device add; plans of different stages time-share the device (the device's peak is the
+    /// largest stage). Empty = the module's own name (pmodule_name).
+    std::string stage;
     std::vector<Segment> segments;
     std::vector<DeviceUse> devices;  ///< runtime devices, in the spec's order
     uint64_t host_bytes = 0;       ///< parameters held in host RAM / params device (Host residency)
@@ -72,6 +78,7 @@ struct ModuleCosts {
     std::string label;                  ///< module description for the table
     std::vector<uint64_t> block_bytes;  ///< parameter bytes of each block
     uint64_t prologue_bytes = 0;        ///< parameter bytes outside the blocks (prologue + epilogue)
+    PModule module = PModule::Diffusion;  ///< which module (models::Family::placement_costs fills it)
     /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
     /// measured with ggml's graph allocator at the job's shapes.
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;
@@ -95,7 +102,29 @@ std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const
 ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream, const ModuleCosts& costs,
                        const std::map<std::string, uint64_t>& budgets);
 
-/// The memory table of a plan (one line per module and device, MiB), for printing before a run.
+/// The stage of a plan: p.stage, or the module's name when empty.
+std::string stage_of(const ModulePlan& p);
+
+/// Predicted peak bytes per device over the stages of `plans`: per stage the sum of its plans'
+/// DeviceUse::total() on the device (modules of one stage are resident together), and the
+/// largest stage (stages time-share the device). Devices absent from every plan are absent.
+std::map<std::string, uint64_t> device_peaks(const std::vector<ModulePlan>& plans);
+
+/// Plans every module of `costs` (ModuleCosts::module selects the spec entry; --stream-layers
+/// applies to the diffusion module only), each in its own stage (ModulePlan::stage = the
+/// module's name), then checks that on every device each stage's summed prediction fits the
+/// device's budget (check_stage_budgets). Throws as plan_module.
+std::vector<ModulePlan> plan_modules(const PlacementSpec& spec, const std::vector<ModuleCosts>& costs,
+                                     const std::map<std::string, uint64_t>& budgets);
+
+/// Throws Error(OutOfMemory) "on DEV the STAGE stage needs X MiB (te A + diffusion B) but the
+/// budget leaves Y MiB; ..." when the modules of one stage together exceed a device's budget
+/// (each plan's own DeviceUse::budget; plan_module already checked each module alone).
+void check_stage_budgets(const std::vector<ModulePlan>& plans);
+
+/// The memory table of a plan (one line per module and device, MiB), for printing before a run;
+/// with more than one plan, a second table per device: each stage's bytes (the modules of a
+/// stage add), the device's peak (largest stage) and its budget.
 std::string format_plan(const std::vector<ModulePlan>& plans);
 
 /// Measured peaks per device beside the prediction (after a run).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "models/sd/unet.h"
+#include "placement/placed_sequence.h"
 #include "placement/plan.h"
 #include "runtime/sequence_runner.h"
 
@@ -13,7 +14,13 @@
 
 namespace easel::placement {
 
-/// A UNet whose parameters are placed by a ModulePlan (see runtime/sequence_runner.h).
+/// Planner inputs of the SD UNet (its weights in `index`, configuration `cfg`) for a batch of
+/// `n` latents [n, Cin, h, w] with a context of `tokens` x context_dim, without loading
+/// anything (self_contained_costs). `index` must outlive the returned callbacks.
+ModuleCosts unet_costs(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, int threads, bool flash_attn,
+                       int64_t n, int64_t h, int64_t w, int64_t tokens);
+
+/// A UNet whose parameters are placed by a ModulePlan (a PlacedSequence over the UNet).
 class PlacedUNet {
 public:
     /// index/cfg: the UNet's weights and configuration (kept by reference: must outlive this);
@@ -33,7 +40,7 @@ public:
              int64_t tokens, std::span<float> out);
 
     /// The plan in use (empty before the first run()).
-    const ModulePlan& current_plan() const { return plan_; }
+    const ModulePlan& current_plan() const { return placed_.current_plan(); }
     /// Measured peaks per device of the loaded runner (empty before the first run()).
     std::map<std::string, uint64_t> peaks() const;
     /// Stages Host/Disk weights for a phase of several run() calls (the denoising loop).
@@ -41,22 +48,12 @@ public:
     void end_phase();
 
 private:
-    using Runner = runtime::SequenceRunner<models::sd::UNetInputs, models::sd::UNetState, ggml_tensor*>;
-    std::unique_ptr<Runner> make_runner();
+    using Placed = PlacedSequence<models::sd::UNetInputs, models::sd::UNetState, ggml_tensor*>;
 
-    const io::WeightIndex& index_;
     models::sd::UNetConfig cfg_;
-    nn::LoadOptions lo_;
-    PlacementSpec spec_;
-    int threads_;
-    bool flash_;
     nn::TensorSource src_;
     std::unique_ptr<models::sd::UNet2DCondition> net_;
-    std::unique_ptr<Runner> runner_;
-    ModulePlan plan_;
-    std::array<int64_t, 4> shape_{0, 0, 0, 0};  // n, h, w, tokens of the loaded plan
-    bool phase_ = true;  // a phase lasts while the module is loaded (staged / disk weights stay for every step)
-    std::map<std::string, uint64_t> peaks_;     // of runners freed when shapes changed
+    Placed placed_;
 };
 
 }  // namespace easel::placement

@@ -15,7 +15,61 @@ namespace easel::models::sd {
 
 namespace fs = std::filesystem;
 
+/// The CLIP text encoder under FamilyOptions::placement: built with the layers up to the
+/// context layer of clip skip k (its final-norm output is then the SD context), run as a
+/// PlacedSequence; rebuilt when k changes.
+struct StableDiffusion::PlacedTe {
+    using Placed = placement::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
+    const io::WeightIndex* index = nullptr;
+    clip::ClipKeys keys;
+    clip::ClipConfig base;  ///< the file's configuration (all layers)
+    int k = 0;              ///< clip skip the model below is built for (0: none yet)
+    std::unique_ptr<clip::ClipTextModel> net;
+    std::unique_ptr<nn::TensorSource> src;
+    std::unique_ptr<Placed> placed;
+    std::map<std::string, uint64_t> old_peaks;  ///< of models freed when k changed
+};
+
+namespace {
+
+/// The text encoder of clip skip k as a model of its own: the first layers + 1 - k layers of
+/// `base` (hidden_states[-k] is the output of layer layers - k), whose final layer norm gives the
+/// SD context (ClipTextModel::encode with final_norm_on_skip). Throws Error(InvalidInput) when
+/// k exceeds the layers.
+clip::ClipConfig te_config_for_skip(const clip::ClipConfig& base, int k) {
+    if (k < 1 || k > base.layers) fail(ErrorKind::InvalidInput, "clip skip {} is larger than the {} layers of the text encoder", k, base.layers);
+    clip::ClipConfig c = base;
+    c.layers = base.layers + 1 - k;
+    return c;
+}
+
+std::vector<ggml_tensor*> te_select(clip::ClipOutputs& o) { return {o.last_hidden_state}; }
+
+}  // namespace
+
 StableDiffusion::~StableDiffusion() = default;
+
+const io::WeightIndex& StableDiffusion::te_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& ccfg) const {
+    if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", unet_flag_);
+    const std::string flag = te_flag_.substr(0, te_flag_.find(' '));
+    const io::WeightIndex* ti = nullptr;
+    if (te_path_ == unet_path_) ti = unet_idx_.get();
+    else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
+    else {
+        own = open_index(te_path_, flag);
+        ti = own.get();
+    }
+    auto encs = clip::find_clip_text_encoders(*ti);
+    if (encs.empty()) fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE", te_flag_);
+    keys = encs.front();
+    clip::ClipOverrides cov;
+    if (const nlohmann::json* cj = ti->config()) cov = clip::overrides_from_config_json(*cj);
+    ccfg = clip::infer_config(*ti, keys, cov);
+    if (ccfg.width != ucfg_.context_dim)
+        fail(ErrorKind::ModelMismatch, "the text encoder's width {} does not match the UNet's cross-attention width {}: {} expects {}", ccfg.width,
+             ucfg_.context_dim, is_sd2() ? "an SD2.x UNet" : "an SD1.x UNet", is_sd2() ? "OpenCLIP ViT-H (width 1024)" : "CLIP ViT-L/14 (width 768)");
+    return *ti;
+}
 
 std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, const FamilyOptions& opt) {
     std::unique_ptr<StableDiffusion> m(new StableDiffusion());
@@ -221,7 +275,7 @@ runtime::GraphRunner& StableDiffusion::runner(Module m) {
 
 bool StableDiffusion::loaded(Module m) const {
     switch (m) {
-    case Module::Te: return te_ != nullptr;
+    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return unet_.net != nullptr || placed_unet_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || (taesd_ && taesd_->has_decoder());
     case Module::VaeEncoder: return vae_enc_ != nullptr;
@@ -233,35 +287,24 @@ void StableDiffusion::load(Module m) {
     if (loaded(m)) return;
     switch (m) {
     case Module::Te: {
-        if (te_path_.empty())
-            fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", unet_flag_);
-        const std::string flag = te_flag_.substr(0, te_flag_.find(' '));
         std::unique_ptr<io::WeightIndex> own;
-        const io::WeightIndex* ti = nullptr;
-        if (te_path_ == unet_path_) ti = unet_idx_.get();
-        else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
-        else {
-            te_idx_ = open_index(te_path_, flag);
-            ti = te_idx_.get();
+        clip::ClipKeys keys;
+        clip::ClipConfig ccfg;
+        const io::WeightIndex* ti = &te_headers(own, keys, ccfg);
+        if (own) te_idx_ = std::move(own);
+        if (opt_.placement) {  // planned and loaded on the first encoding (the model depends on the clip skip)
+            placed_te_ = std::make_unique<PlacedTe>();
+            placed_te_->index = ti;
+            placed_te_->keys = keys;
+            placed_te_->base = ccfg;
+        } else {
+            auto te = std::make_unique<clip::ClipTextModel>(ccfg);
+            nn::TensorSource src = clip::make_tensor_source(*ti, keys, ccfg);
+            nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, *ti);
+            tlo.weight_type = weight_type_;
+            te_params_ = nn::ParamBuffer::load(*te, src, runner(Module::Te).buffer_type(), tlo);
+            te_ = std::move(te);
         }
-        auto encs = clip::find_clip_text_encoders(*ti);
-        if (encs.empty())
-            fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE", te_flag_);
-        const clip::ClipKeys& keys = encs.front();
-        clip::ClipOverrides cov;
-        if (const nlohmann::json* cj = ti->config()) cov = clip::overrides_from_config_json(*cj);
-        clip::ClipConfig ccfg = clip::infer_config(*ti, keys, cov);
-        if (ccfg.width != ucfg_.context_dim)
-            fail(ErrorKind::ModelMismatch,
-                 "the text encoder's width {} does not match the UNet's cross-attention width {}: {} expects {}", ccfg.width,
-                 ucfg_.context_dim, is_sd2() ? "an SD2.x UNet" : "an SD1.x UNet",
-                 is_sd2() ? "OpenCLIP ViT-H (width 1024)" : "CLIP ViT-L/14 (width 768)");
-        auto te = std::make_unique<clip::ClipTextModel>(ccfg);
-        nn::TensorSource src = clip::make_tensor_source(*ti, keys, ccfg);
-        nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, *ti);
-        tlo.weight_type = weight_type_;
-        te_params_ = nn::ParamBuffer::load(*te, src, runner(Module::Te).buffer_type(), tlo);
-        te_ = std::move(te);
         // Pad id: the tokenizer's pad token when a diffusers folder says it, else the layout's.
         pad_id_ = keys.layout == clip::ClipKeys::Layout::OpenClip ? text::ClipTokenizer::kOpenClipPad : text::ClipTokenizer::kEos;
         if (!tokenizer_special_.empty() && files_.clip_l.empty()) {
@@ -331,6 +374,12 @@ void StableDiffusion::unload(Module m) {
     case Module::Diffusion:
         unet_.params = nn::ParamBuffer();
         unet_.net.reset();
+        if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) {
+            te_plans_done_ = {placed_te_->placed->current_plan()};
+            te_peaks_done_ = placed_te_->old_peaks;
+            for (auto& [d, b] : placed_te_->placed->peaks()) te_peaks_done_[d] = std::max(te_peaks_done_[d], b);
+        }
+        placed_te_.reset();
         placed_unet_.reset();
         unet_runner_.reset();
         break;
@@ -379,26 +428,53 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
     const int64_t n = (int64_t)chunks.ids.size();
     std::vector<int32_t> ids;
     for (auto& c : chunks.ids) ids.insert(ids.end(), c.begin(), c.end());
-    const clip::ClipConfig& cfg = te_->config();
+    const clip::ClipConfig& cfg = placed_te_ ? placed_te_->base : te_->config();
     for (int32_t id : ids)
         if (id < 0 || id >= cfg.vocab)
             fail(ErrorKind::ModelMismatch, "token id {} is outside the text encoder's vocabulary of {} (not a CLIP text encoder?)", id,
                  cfg.vocab);
     if (L > cfg.positions) fail(ErrorKind::ModelMismatch, "the text encoder has {} positions; CLIP needs 77", cfg.positions);
 
-    clip::ClipEncodeOptions eo;
-    eo.clip_skip = clip_skip;
-    eo.final_norm_on_skip = true;
-    auto& run = runner(Module::Te);
-    run.set_threads(opt_.threads);
-    auto out = run.run([&](runtime::GraphBuilder& g) {
-        nn::Ctx c{g.ctx(), opt_.flash_attn_te};
-        clip::ClipInputs in;
-        in.ids = g.input_i32("ids", {L, n}, ids);
-        auto enc = te_->encode(c, in, eo);
-        return std::vector<ggml_tensor*>{enc.context};
-    });
-    te_compute_ = std::max(te_compute_, run.last_compute_bytes());
+    std::vector<runtime::HostTensor> out;
+    if (placed_te_) {
+        PlacedTe& pt = *placed_te_;
+        const int k = std::max(clip_skip, 1);
+        if (pt.k != k) {
+            if (pt.placed)
+                for (auto& [d, b] : pt.placed->peaks()) pt.old_peaks[d] = std::max(pt.old_peaks[d], b);
+            pt.placed.reset();
+            const clip::ClipConfig kc = te_config_for_skip(pt.base, k);
+            pt.net = std::make_unique<clip::ClipTextModel>(kc);
+            pt.src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(*pt.index, pt.keys, kc));
+            nn::LoadOptions tlo = clip::default_load_options(pt.keys, kc, *pt.index);
+            tlo.weight_type = weight_type_;
+            pt.placed = std::make_unique<PlacedTe::Placed>(*pt.net, *pt.net, *pt.src, tlo, placement::PModule::Te, *opt_.placement,
+                                                           opt_.threads, opt_.flash_attn_te);
+            pt.k = k;
+        }
+        out = pt.placed->run(
+            {n, k},
+            [&](runtime::GraphBuilder& g) {
+                clip::ClipInputs in;
+                in.ids = g.input_i32("ids", {L, n}, ids);
+                return in;
+            },
+            te_select, fmt::format("CLIP text encoder {} of {} layers (clip skip {}), {} x {} tokens", pt.net->n_blocks(), pt.base.layers, k, n, L));
+    } else {
+        clip::ClipEncodeOptions eo;
+        eo.clip_skip = clip_skip;
+        eo.final_norm_on_skip = true;
+        auto& run = runner(Module::Te);
+        run.set_threads(opt_.threads);
+        out = run.run([&](runtime::GraphBuilder& g) {
+            nn::Ctx c{g.ctx(), opt_.flash_attn_te};
+            clip::ClipInputs in;
+            in.ids = g.input_i32("ids", {L, n}, ids);
+            auto enc = te_->encode(c, in, eo);
+            return std::vector<ggml_tensor*>{enc.context};
+        });
+        te_compute_ = std::max(te_compute_, run.last_compute_bytes());
+    }
     Conditioning r;
     r.dim = out[0].ne[0];
     r.tokens = L * n;
@@ -479,21 +555,69 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
     return vae_enc_->encode(image, tiling, ex);
 }
 
-std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
-    if (!opt_.placement) return {};
+std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, int64_t w) {
+    std::vector<placement::ModuleCosts> out;
+    {  // te: one 77-token window, the default clip skip
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            clip::ClipKeys keys;
+            clip::ClipConfig cfg;
+            std::unique_ptr<clip::ClipTextModel> net;
+            std::unique_ptr<nn::TensorSource> src;
+            std::vector<int32_t> ids;
+        };
+        auto k = std::make_shared<Keep>();
+        clip::ClipConfig base;
+        const io::WeightIndex& ti = te_headers(k->own, k->keys, base);
+        const int skip = std::max(defaults().clip_skip, 1);
+        k->cfg = te_config_for_skip(base, skip);
+        k->net = std::make_unique<clip::ClipTextModel>(k->cfg);
+        k->src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, k->keys, k->cfg));
+        const int64_t L = text::ClipTokenizer::kMaxLength;
+        k->ids.assign((size_t)L, 0);
+        nn::LoadOptions tlo = clip::default_load_options(k->keys, k->cfg, ti);
+        tlo.weight_type = weight_type_;
+        Keep* kp = k.get();
+        out.push_back(placement::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
+            placement::PModule::Te, k, *k->net, *k->net, *k->src, tlo, opt_.threads, opt_.flash_attn_te,
+            [kp, L](runtime::GraphBuilder& g) {
+                clip::ClipInputs in;
+                in.ids = g.input_i32("ids", {L, 1}, kp->ids);
+                return in;
+            },
+            te_select, fmt::format("CLIP text encoder {} of {} layers (clip skip {}), 1 x {} tokens", k->cfg.layers, base.layers, skip, L)));
+    }
     nn::LoadOptions lo;
     lo.weight_type = weight_type_;
-    placement::PlacedUNet p(*unet_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
-    return {p.plan(1, h, w, 77)};
+    out.push_back(placement::unet_costs(*unet_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength));
+    return out;
+}
+
+std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
 }
 
 std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
-    if (!placed_unet_ || placed_unet_->current_plan().segments.empty()) return {};
-    return {placed_unet_->current_plan()};
+    std::vector<placement::ModulePlan> r;
+    if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
+    else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
+    if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) r.push_back(placed_unet_->current_plan());
+    return r;
 }
 
 std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
-    return placed_unet_ ? placed_unet_->peaks() : std::map<std::string, uint64_t>{};
+    std::map<std::string, uint64_t> p;
+    auto merge = [&](const std::map<std::string, uint64_t>& m) {
+        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
+    };
+    merge(te_peaks_done_);
+    if (placed_te_) {
+        merge(placed_te_->old_peaks);
+        if (placed_te_->placed) merge(placed_te_->placed->peaks());
+    }
+    if (placed_unet_) merge(placed_unet_->peaks());
+    return p;
 }
 
 }  // namespace easel::models::sd

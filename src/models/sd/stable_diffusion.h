@@ -73,8 +73,12 @@ public:
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
-    /// With FamilyOptions::placement: the UNet's plan for a batch-1 evaluation with a 77-token
-    /// context (placement::PlacedUNet::plan).
+    /// te: the CLIP text encoder for one 77-token window, built to the default clip skip (the
+    /// layers after the context layer are not part of it); diffusion: the UNet for a batch-1
+    /// evaluation with a 77-token context. Reads the text encoder's headers.
+    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
+    /// With FamilyOptions::placement: the plans of the text encoder and the UNet
+    /// (placement::plan_modules over placement_costs()).
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     std::vector<placement::ModulePlan> placement_plans() const override;
     std::map<std::string, uint64_t> placement_peaks() const override;
@@ -91,6 +95,13 @@ private:
 
     ModelFiles files_;
     FamilyOptions opt_;
+    /// The text encoder's headers: its weight index (`own` holds it when it is a file of its
+    /// own), the CLIP keys and configuration (config.json overrides applied; its width checked
+    /// against the UNet's). Throws Error(ModelMismatch) naming the flag and the fix.
+    const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& cfg) const;
+    /// The CLIP text encoder truncated to clip skip k (context = its last_hidden_state) under
+    /// the placement spec; rebuilt when k changes.
+    struct PlacedTe;
     ggml_type weight_type_ = GGML_TYPE_COUNT;
 
     // Sources (resolved at open). Paths of files/folders; empty = absent.
@@ -124,6 +135,11 @@ private:
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;
+    std::unique_ptr<PlacedTe> placed_te_;                 ///< the text encoder under FamilyOptions::placement
+    /// The placed text encoder's plan and measured peaks, kept when it is unloaded (the pipeline
+    /// frees it before denoising and prints every plan's peaks after).
+    std::vector<placement::ModulePlan> te_plans_done_;
+    std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
+#include "placement/placed_sequence.h"
 #include "text/qwen_tokenizer.h"
 
 #include <algorithm>
@@ -37,8 +38,96 @@ std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOption
     m->files_ = files;
     m->opt_ = opt;
     m->weight_type_ = parse_weight_type(opt.weight_type);
+namespace {
+
+using TeSeq = placement::EpilogueAdapter<qwen3::Qwen3Inputs, qwen3::Qwen3State, qwen3::Qwen3Outputs, ggml_tensor*>;
+using DiTPlaced = placement::PlacedSequence<ZImageInputs, ZImageState, ggml_tensor*>;
+
+/// Qwen3 with its last layer left out: its state after the last block is hidden_states[-2] of
+/// the full model (the raw output of layer layers - 2), which the epilogue returns as is.
+struct TeModel {
+    qwen3::Qwen3Config cfg;
+    std::unique_ptr<qwen3::Qwen3Model> net;
+    std::unique_ptr<nn::TensorSource> src;
+    std::unique_ptr<TeSeq> seq;
+    nn::LoadOptions lo;
+    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& full, ggml_type weight_type) {
+        qwen3::Qwen3Overrides ov;
+        ov.layers = (int)full.layers - 1;
+        cfg = qwen3::infer_config(ti, keys, ov);
+        net = std::make_unique<qwen3::Qwen3Model>(cfg);
+        src = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, keys, cfg));
+        seq = std::make_unique<TeSeq>(*net, [](nn::Ctx&, qwen3::Qwen3State st) { return st.h; });
+        lo = qwen3::default_load_options(keys, cfg, ti);
+        lo.weight_type = weight_type;
+    }
+};
+
+std::vector<ggml_tensor*> one_output(ggml_tensor*& o) { return {o}; }
+
+/// The transformer's inputs for a latent h x w, caption [L, D] and rope tables (host buffers).
+std::function<ZImageInputs(runtime::GraphBuilder&)> dit_inputs(const ZImageDiTConfig& cfg, int64_t h, int64_t w, int64_t L,
+                                                               std::span<const float> x, std::span<const float> t,
+                                                               std::span<const float> cap, const ZImageRope& rope) {
+    return [=, &cfg, &rope](runtime::GraphBuilder& g) {
+        const int64_t half = cfg.head_dim / 2;
+        ZImageInputs in;
+        in.x = g.input_f32("x", {w, h, cfg.in_channels, 1}, x);
+        in.t = g.input_f32("t", {1}, t);
+        in.cap = g.input_f32("cap", {cfg.cap_feat_dim, L, 1}, cap);
+        in.rope_cos = g.input_f32("rope_cos", {half, rope.tokens()}, rope.cos);
+        in.rope_sin = g.input_f32("rope_sin", {half, rope.tokens()}, rope.sin);
+        return in;
+    };
+}
+
+std::string dit_label(const ZImageDiTConfig& cfg, int64_t h, int64_t w, int64_t L) {
+    return fmt::format("Z-Image transformer {} layers, latent {}x{}x{}, caption {} tokens", cfg.n_layers, cfg.in_channels, h, w, L);
+}
+
+}  // namespace
+
+struct ZImage::PlacedTe {
+    std::unique_ptr<io::WeightIndex> own;
+    std::unique_ptr<TeModel> model;
+    std::unique_ptr<placement::PlacedSequence<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>> placed;
+};
+
+struct ZImage::PlacedDiT {
+    ZImageDiTConfig cfg;
+    std::unique_ptr<ZImageDiT> net;
+    std::unique_ptr<nn::TensorSource> src;
+    std::unique_ptr<DiTPlaced> placed;
+};
+
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a Z-Image file) or --diffusion-model");
+const io::WeightIndex& ZImage::te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& qc) const {
+    if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected_te(dcfg_.cap_feat_dim));
+    const io::WeightIndex* ti = nullptr;
+    if (te_path_ == dit_path_) ti = dit_idx_.get();
+    else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
+    else {
+        own = open_index(te_path_, flag_of(te_flag_));
+        ti = own.get();
+    }
+    // Header checks before any weight is read: a Qwen3 model, of the transformer's width.
+    auto k = qwen3::find_qwen3(*ti);
+    if (!k)
+        fail(ErrorKind::ModelMismatch, "{}: no Qwen3 text encoder found in it; Z-Image expects {}; pass it with --llm FILE", te_flag_,
+             expected_te(dcfg_.cap_feat_dim));
+    keys = *k;
+    qc = qwen3::infer_config(*ti, keys);
+    if (qc.hidden != dcfg_.cap_feat_dim)
+        fail(ErrorKind::ModelMismatch,
+             "{}: the text encoder's hidden size {} does not match the transformer's caption width {}: this Z-Image transformer expects {}",
+             te_flag_, qc.hidden, dcfg_.cap_feat_dim, expected_te(dcfg_.cap_feat_dim));
+    if (qc.layers < 2)
+        fail(ErrorKind::ModelMismatch, "{}: the text encoder has {} layer(s); Z-Image reads hidden_states[-2] and needs at least 2", te_flag_,
+             qc.layers);
+    return *ti;
+}
+
     if (!(opt.flow_shift >= 0.0f) || !std::isfinite(opt.flow_shift))
         fail(ErrorKind::InvalidInput, "--flow-shift {}: must be a positive number (0 = the model's default)", opt.flow_shift);
 
@@ -191,8 +280,8 @@ runtime::GraphRunner& ZImage::runner(Module) {
 
 bool ZImage::loaded(Module m) const {
     switch (m) {
-    case Module::Te: return te_ != nullptr;
-    case Module::Diffusion: return dit_ != nullptr;
+    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
+    case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
@@ -209,36 +298,26 @@ void ZImage::load(Module m) {
     if (loaded(m)) return;
     switch (m) {
     case Module::Te: {
-        if (te_path_.empty())
-            fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected_te(dcfg_.cap_feat_dim));
         std::unique_ptr<io::WeightIndex> own;
-        const io::WeightIndex* ti = nullptr;
-        if (te_path_ == dit_path_) ti = dit_idx_.get();
-        else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
-        else {
-            own = open_index(te_path_, flag_of(te_flag_));
-            ti = own.get();
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex* ti = &te_headers(own, keys, qc);
+        te_desc_ = fmt::format("Qwen3 hidden {} x {} layers", qc.hidden, qc.layers);
+        if (opt_.placement) {  // planned and loaded on the first encoding (the plan needs the prompt length)
+            placed_te_ = std::make_unique<PlacedTe>();
+            placed_te_->model = std::make_unique<TeModel>(*ti, keys, qc, weight_type_);
+            TeModel& tm = *placed_te_->model;
+            placed_te_->own = std::move(own);
+            placed_te_->placed = std::make_unique<placement::PlacedSequence<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>>(
+                *tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads, opt_.flash_attn_te);
+            break;
         }
-        // Header checks before any weight is read: a Qwen3 model, of the transformer's width.
-        auto keys = qwen3::find_qwen3(*ti);
-        if (!keys)
-            fail(ErrorKind::ModelMismatch, "{}: no Qwen3 text encoder found in it; Z-Image expects {}; pass it with --llm FILE", te_flag_,
-                 expected_te(dcfg_.cap_feat_dim));
-        qwen3::Qwen3Config qc = qwen3::infer_config(*ti, *keys);
-        if (qc.hidden != dcfg_.cap_feat_dim)
-            fail(ErrorKind::ModelMismatch,
-                 "{}: the text encoder's hidden size {} does not match the transformer's caption width {}: this Z-Image transformer expects {}",
-                 te_flag_, qc.hidden, dcfg_.cap_feat_dim, expected_te(dcfg_.cap_feat_dim));
-        if (qc.layers < 2)
-            fail(ErrorKind::ModelMismatch, "{}: the text encoder has {} layer(s); Z-Image reads hidden_states[-2] and needs at least 2", te_flag_,
-                 qc.layers);
         qwen3::Qwen3RunOptions ro;
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
         ro.weight_type = weight_type_;
         ro.flash_attn = opt_.flash_attn_te;
         te_ = std::make_unique<qwen3::Qwen3TextEncoder>(*ti, ro);
-        te_desc_ = fmt::format("Qwen3 hidden {} x {} layers", qc.hidden, qc.layers);
         break;
     }
     case Module::Diffusion: {
@@ -267,8 +346,31 @@ void ZImage::load(Module m) {
 
 void ZImage::unload(Module m) {
     switch (m) {
-    case Module::Te: te_.reset(); break;
-    case Module::Diffusion: dit_.reset(); break;
+    case Module::Te:
+        te_.reset();
+        if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) {
+            te_plans_done_ = {placed_te_->placed->current_plan()};
+            te_peaks_done_ = placed_te_->placed->peaks();
+        }
+        placed_te_.reset();
+        break;
+    case Module::Diffusion:
+        dit_.reset();
+        placed_dit_.reset();
+        break;
+        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
+            auto keys = find_zimage_dit(*dit_idx_);
+            placed_dit_ = std::make_unique<PlacedDiT>();
+            placed_dit_->cfg = dcfg_;
+            placed_dit_->net = std::make_unique<ZImageDiT>(dcfg_);
+            placed_dit_->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
+            nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
+            lo.weight_type = weight_type_;
+            placed_dit_->placed = std::make_unique<DiTPlaced>(*placed_dit_->net, *placed_dit_->net, *placed_dit_->src, lo,
+                                                              placement::PModule::Diffusion, *opt_.placement, opt_.threads,
+                                                              opt_.flash_attn_diffusion);
+            break;
+        }
     case Module::VaeDecoder:
         vae_dec_.reset();
         if (!vae_enc_) vae_runner_.reset();
@@ -314,15 +416,30 @@ std::vector<int32_t> ZImage::prompt_ids(const std::string& prompt) const {
 Conditioning ZImage::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
     std::vector<int32_t> ids = prompt_ids(prompt);
     load(Module::Te);
-    const int64_t vocab = te_->config().vocab;
+    const int64_t vocab = placed_te_ ? placed_te_->model->cfg.vocab : te_->config().vocab;
     for (int32_t id : ids)
         if (id < 0 || id >= vocab)
             fail(ErrorKind::ModelMismatch, "{}: token id {} is outside the text encoder's vocabulary of {}; Z-Image expects {} with Qwen's vocabulary",
                  te_flag_, id, vocab, expected_te(dcfg_.cap_feat_dim));
     const int64_t L = (int64_t)ids.size();
-    const int index = -2;
-    auto hs = te_->run(ids, {}, 1, L, std::span<const int>(&index, 1));
-    te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+    std::vector<runtime::HostTensor> hs;
+    if (placed_te_) {
+        const std::vector<int32_t> pos = qwen3::positions(L);
+        hs = placed_te_->placed->run(
+            {L},
+            [&](runtime::GraphBuilder& g) {
+                qwen3::Qwen3Inputs in;
+                in.ids = g.input_i32("ids", {L, 1}, ids);
+                in.pos = g.input_i32("pos", {L}, pos);
+                return in;
+            },
+            one_output, fmt::format("Qwen3 {} of {} layers (hidden_states[-2]), {} tokens", placed_te_->model->cfg.layers,
+                                    placed_te_->model->cfg.layers + 1, L));
+    } else {
+        const int index = -2;
+        hs = te_->run(ids, {}, 1, L, std::span<const int>(&index, 1));
+        te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+    }
     Conditioning r;
     r.dim = hs[0].ne[0];
     r.tokens = L;
@@ -353,8 +470,19 @@ void ZImage::diffusion(std::span<const float> x, std::span<const float> concat, 
     // ZImagePipeline: timestep = (1000 - t) / 1000 in float32, t = sigma * 1000 (float32).
     const float t_sched = (float)timestep;
     const float t_model = (1000.0f - t_sched) / 1000.0f;
-    dit_->forward(x.data(), h, w, t_model, cond.context.data(), cond.tokens, out.data());
-    dit_compute_ = std::max(dit_compute_, dit_->compute_bytes());
+    if (placed_dit_) {
+        const ZImageRope rope = make_rope(dcfg_, h, w, cond.tokens);  // validates h, w, L
+        auto res = placed_dit_->placed->run({h, w, cond.tokens},
+                                            dit_inputs(placed_dit_->cfg, h, w, cond.tokens, x, std::span<const float>(&t_model, 1),
+                                                       cond.context, rope),
+                                            one_output, dit_label(dcfg_, h, w, cond.tokens));
+        if (res.at(0).data.size() != out.size())
+            fail(ErrorKind::Internal, "Z-Image transformer: output has {} values, expected {}", res[0].data.size(), out.size());
+        std::copy(res[0].data.begin(), res[0].data.end(), out.begin());
+    } else {
+        dit_->forward(x.data(), h, w, t_model, cond.context.data(), cond.tokens, out.data());
+        dit_compute_ = std::max(dit_compute_, dit_->compute_bytes());
+    }
     for (float& v : out) v = -v;  // velocity noise - x0 = -(model output)
 }
 
@@ -377,3 +505,80 @@ vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOp
 }
 
 }  // namespace easel::models::zimage
+std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w) {
+    std::vector<placement::ModuleCosts> out;
+    const int64_t L = kMaxPromptTokens;
+    {  // te: Qwen3 without its last layer, 512 tokens
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            std::unique_ptr<TeModel> model;
+            std::vector<int32_t> ids, pos;
+        };
+        auto k = std::make_shared<Keep>();
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(k->own, keys, qc);
+        k->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_);
+        k->ids.assign((size_t)L, 0);
+        k->pos = qwen3::positions(L);
+        Keep* kp = k.get();
+        TeModel& tm = *k->model;
+        out.push_back(placement::self_contained_costs<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>(
+            placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te,
+            [kp, L](runtime::GraphBuilder& g) {
+                qwen3::Qwen3Inputs in;
+                in.ids = g.input_i32("ids", {L, 1}, kp->ids);
+                in.pos = g.input_i32("pos", {L}, kp->pos);
+                return in;
+            },
+            one_output, fmt::format("Qwen3 {} of {} layers (hidden_states[-2]), {} tokens", tm.cfg.layers, qc.layers, L)));
+    }
+    {  // diffusion: the transformer at h x w with a 512-token caption
+        struct Keep {
+            ZImageDiTConfig cfg;
+            std::unique_ptr<ZImageDiT> net;
+            std::unique_ptr<nn::TensorSource> src;
+            std::vector<float> x, t, cap;
+            ZImageRope rope;
+        };
+        auto k = std::make_shared<Keep>();
+        auto keys = find_zimage_dit(*dit_idx_);
+        k->cfg = dcfg_;
+        k->net = std::make_unique<ZImageDiT>(dcfg_);
+        k->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
+        k->rope = make_rope(dcfg_, h, w, L);
+        k->x.resize((size_t)(dcfg_.in_channels * h * w));
+        k->t.resize(1);
+        k->cap.resize((size_t)(L * dcfg_.cap_feat_dim));
+        nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
+        lo.weight_type = weight_type_;
+        out.push_back(placement::self_contained_costs<ZImageInputs, ZImageState, ggml_tensor*>(
+            placement::PModule::Diffusion, k, *k->net, *k->net, *k->src, lo, opt_.threads, opt_.flash_attn_diffusion,
+            dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L)));
+    }
+    return out;
+}
+
+std::vector<placement::ModulePlan> ZImage::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+}
+
+std::vector<placement::ModulePlan> ZImage::placement_plans() const {
+    std::vector<placement::ModulePlan> r;
+    if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
+    else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
+    if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    return r;
+}
+
+std::map<std::string, uint64_t> ZImage::placement_peaks() const {
+    std::map<std::string, uint64_t> p = te_peaks_done_;
+    auto merge = [&](const std::map<std::string, uint64_t>& m) {
+        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
+    };
+    if (placed_te_) merge(placed_te_->placed->peaks());
+    if (placed_dit_) merge(placed_dit_->placed->peaks());
+    return p;
+}
+

@@ -111,6 +111,15 @@ public:
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
+    /// te: Qwen3 built with layers - 1 layers (the context is hidden_states[-2], the raw output
+    /// of layer layers - 2), 512 tokens (kMaxPromptTokens); diffusion: the transformer for a
+    /// latent of h x w cells and a 512-token caption. Reads the text encoder's headers.
+    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
+    /// With FamilyOptions::placement: plans of te and diffusion (placement::plan_modules).
+    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
+    /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
+    std::vector<placement::ModulePlan> placement_plans() const override;
+    std::map<std::string, uint64_t> placement_peaks() const override;
 
     /// The transformer's configuration (from the headers).
     const ZImageDiTConfig& dit_config() const { return dcfg_; }
@@ -122,6 +131,12 @@ private:
     ZImage() = default;
     runtime::GraphRunner& runner(Module m);
     const text::QwenTokenizer& tokenizer() const;
+    /// The text encoder's headers: its index (`own` holds it when it is a file of its own), keys
+    /// and configuration, checked (a Qwen3 model of the transformer's width with >= 2 layers).
+    /// Throws Error(ModelMismatch) naming the flag and the fix.
+    const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const;
+    struct PlacedTe;   ///< Qwen3 under FamilyOptions::placement
+    struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
     ModelFiles files_;
     FamilyOptions opt_;
@@ -148,6 +163,10 @@ private:
     std::string te_desc_;
     std::unique_ptr<LoadedZImageDiT> dit_;
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
+    std::unique_ptr<PlacedTe> placed_te_;
+    std::unique_ptr<PlacedDiT> placed_dit_;
+    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
+    std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

@@ -1,0 +1,169 @@
+// PlacedSequence: any nn::Sequence<I, S, O> run under a placement plan, planned for the job's
+// shapes on the first evaluation and again whenever the shapes change. It is what a family
+// uses to run a module (UNet, DiT, text encoder) under FamilyOptions::placement; PlacedUNet
+// (placement/sd_unet.h) is one instance. How a family adopts it: docs/placement.md, "Placing a
+// module of a new family".
+//
+// The caller owns the module's Block tree and its TensorSource (both must outlive the object)
+// and describes one evaluation with two callbacks:
+//   make_inputs(GraphBuilder&) -> I   declares the graph inputs with their host data,
+//   select(O&) -> {ggml_tensor*...}   picks the outputs read back as F32.
+// A "shape key" (any int64 vector, e.g. {n, h, w, tokens}) tells when the plan must be redone.
+//
+// self_contained_costs() gives the planner inputs (placement::ModuleCosts) of a module without
+// loading anything, owning everything its measure callbacks touch: what
+// models::Family::placement_costs returns.
+#pragma once
+
+#include "core/error.h"
+#include "core/log.h"
+#include "placement/devices.h"
+#include "placement/plan.h"
+#include "runtime/sequence_runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace easel::placement {
+
+/// A Sequence that runs `base`'s prologue and blocks but has its own epilogue (e.g. a hidden
+/// state instead of the final norm: Z-Image reads Qwen3's hidden_states[-2], the raw output of
+/// the second-to-last layer, from a model built with one layer fewer). `base` must outlive it.
+template <class I, class S, class O, class O2>
+class EpilogueAdapter : public nn::Sequence<I, S, O2> {
+public:
+    using Epilogue = std::function<O2(nn::Ctx&, S)>;
+    EpilogueAdapter(const nn::Sequence<I, S, O>& base, Epilogue epilogue) : base_(base), epi_(std::move(epilogue)) {}
+    int n_blocks() const override { return base_.n_blocks(); }
+    S prologue(nn::Ctx& c, const I& in) const override { return base_.prologue(c, in); }
+    S block(nn::Ctx& c, int i, S s) const override { return base_.block(c, i, std::move(s)); }
+    O2 epilogue(nn::Ctx& c, S s) const override { return epi_(c, std::move(s)); }
+    const nn::Block& block_params(int i) const override { return base_.block_params(i); }
+
+private:
+    const nn::Sequence<I, S, O>& base_;
+    Epilogue epi_;
+};
+
+/// Planner inputs of a module that own what their callbacks use: `keep` (the module's Block
+/// tree, TensorSource, weight index... whatever root/seq/src live in) and the SequenceRunner
+/// the measure functions build graphs with. make_inputs must own its host data (capture by
+/// value): it runs whenever the planner measures. Nothing is loaded; measuring builds graphs
+/// with stand-in parameter tensors and sizes them with ggml's graph allocator on the device
+/// named in each call. Throws as SequenceRunner's constructor.
+template <class I, class S, class O>
+ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn::Block& root, const nn::Sequence<I, S, O>& seq,
+                                 const nn::TensorSource& src, nn::LoadOptions lo, int threads, bool flash_attn,
+                                 typename runtime::SequenceRunner<I, S, O>::InputsFn make_inputs,
+                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label) {
+    using Runner = runtime::SequenceRunner<I, S, O>;
+    auto runner = std::make_shared<Runner>(root, seq, src, std::move(lo), threads, flash_attn);
+    ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
+    // pair members are destroyed second first: the runner before what it points into
+    auto hold = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<Runner>>>(std::move(keep), runner);
+    c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
+    c.state_bytes = [hold, f = c.state_bytes](int e) { return f(e); };
+    c.module = module;
+    return c;
+}
+
+/// A Sequence run under the `module` entry of a placement spec (see the file comment).
+template <class I, class S, class O>
+class PlacedSequence {
+public:
+    using Runner = runtime::SequenceRunner<I, S, O>;
+    using Seq = nn::Sequence<I, S, O>;
+    using InputsFn = typename Runner::InputsFn;
+    using SelectFn = typename Runner::SelectFn;
+
+    /// root: the Block owning every parameter of seq (often the same object); src/lo: where and
+    /// how parameters load (--type); spec: the resolved placement; module: which entry of it;
+    /// stream: stream the blocks (--stream-layers; the spec's flag applies to the diffusion
+    /// module). root, seq and src are kept by reference: they must outlive this object.
+    PlacedSequence(nn::Block& root, const Seq& seq, const nn::TensorSource& src, nn::LoadOptions lo, PModule module, PlacementSpec spec,
+                   int threads, bool flash_attn)
+        : root_(root), seq_(seq), src_(src), lo_(std::move(lo)), module_(module), spec_(std::move(spec)), threads_(threads),
+          flash_(flash_attn) {}
+
+    /// The plan for one evaluation at the shapes make_inputs declares, without loading anything.
+    /// Throws Error(OutOfMemory) with the planner's message when it does not fit.
+    ModulePlan plan(const InputsFn& make_inputs, const SelectFn& select, const std::string& label) {
+        auto r = make_runner();
+        auto costs = r->costs(make_inputs, select, label);
+        costs.module = module_;
+        ModulePlan p = plan_module(module_, spec_[module_], module_ == PModule::Diffusion && spec_.stream_layers, costs,
+                                   resolve_budgets(spec_, list_devices()));
+        p.stage = pmodule_name(module_);
+        return p;
+    }
+
+    /// One evaluation. `shape` keys the plan: on the first call and whenever it differs from the
+    /// loaded plan's, the module is planned (the table logged), loaded and, inside a phase,
+    /// staged. Returns the selected outputs as F32 host tensors. Throws as plan() and
+    /// SequenceRunner::run().
+    std::vector<runtime::HostTensor> run(const std::vector<int64_t>& shape, const InputsFn& make_inputs, const SelectFn& select,
+                                         const std::string& label) {
+        if (!runner_ || shape != shape_) {
+            if (runner_) {
+                for (auto& [d, b] : runner_->peaks()) peaks_[d] = std::max(peaks_[d], b);
+                runner_.reset();
+            }
+            plan_ = plan(make_inputs, select, label);
+            log::info("placement plan for the {} module:\n{}", pmodule_name(module_), format_plan({plan_}));
+            runner_ = make_runner();
+            runner_->load(plan_);
+            shape_ = shape;
+            if (phase_) runner_->begin_phase();
+        }
+        return runner_->run(make_inputs, select);
+    }
+
+    /// The plan in use (no segments before the first run()).
+    const ModulePlan& current_plan() const { return plan_; }
+    /// Measured peaks per device since construction (runners freed when shapes changed
+    /// included); empty before the first run().
+    std::map<std::string, uint64_t> peaks() const {
+        auto p = peaks_;
+        if (runner_)
+            for (auto& [d, b] : runner_->peaks()) p[d] = std::max(p[d], b);
+        return p;
+    }
+    /// A phase lasts from construction (or begin_phase()) to end_phase(): Host weights are staged
+    /// and Disk weights read once for every run() inside it.
+    void begin_phase() {
+        phase_ = true;
+        if (runner_) runner_->begin_phase();
+    }
+    void end_phase() {
+        phase_ = false;
+        if (runner_) runner_->end_phase();
+    }
+    /// Segments whose upload overlapped the previous compute (devices with events).
+    int prefetched_uploads() const { return runner_ ? runner_->prefetched_uploads() : 0; }
+
+private:
+    std::unique_ptr<Runner> make_runner() { return std::make_unique<Runner>(root_, seq_, src_, lo_, threads_, flash_); }
+
+    nn::Block& root_;
+    const Seq& seq_;
+    const nn::TensorSource& src_;
+    nn::LoadOptions lo_;
+    PModule module_;
+    PlacementSpec spec_;
+    int threads_;
+    bool flash_;
+    std::unique_ptr<Runner> runner_;
+    ModulePlan plan_;
+    std::vector<int64_t> shape_;
+    bool phase_ = true;  // a phase lasts while the module is loaded
+    std::map<std::string, uint64_t> peaks_;
+};
+
+}  // namespace easel::placement
