@@ -174,14 +174,6 @@ public:
     virtual size_t param_bytes(Module m) const = 0;
     virtual size_t compute_bytes(Module m) const = 0;
 
-    /// The placement plans (placement/plan.h) of the modules the family runs under
-    /// FamilyOptions::placement, for one evaluation on a latent of h x w cells, without loading
-    /// anything; empty when the family has no placed module. Throws Error(OutOfMemory) with the
-    /// planner's message when a plan does not fit.
-    virtual std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) { return {}; }
-    /// The plans in use and the measured peak bytes per device since loading (empty when none).
-    virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
-    virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
     /// Planner inputs of every module the family can run under a placement plan, for one
     /// evaluation on a latent of h x w cells at the job's shapes, without loading any weight:
     /// per module (placement::ModuleCosts::module says which: te, diffusion ...) the parameter
@@ -196,6 +188,14 @@ public:
     /// when a module's file is missing or of the wrong kind (headers are read).
     virtual std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) { return {}; }
 
+    /// The placement plans (placement/plan.h) of the modules the family runs under
+    /// FamilyOptions::placement, for one evaluation on a latent of h x w cells, without loading
+    /// anything; empty when the family has no placed module. Throws Error(OutOfMemory) with the
+    /// planner's message when a plan does not fit.
+    virtual std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) { return {}; }
+    /// The plans in use and the measured peak bytes per device since loading (empty when none).
+    virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
+    virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
 };
 
 /// Detects the family from the files (headers only: no weights are read) and returns it with no

@@ -251,6 +251,32 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
                          streamed ? fmt::format(", {} uploaded per evaluation", streamed) : "");
     }
     s += "(MiB; blocks: P = runs the prologue, E = the epilogue; total = params + slots + compute + state kept between segments)\n";
+    if (plans.size() > 1) {
+        // per device: the stages time-share it; the modules of one stage add
+        std::vector<std::string> stages;
+        for (auto& p : plans)
+            if (std::find(stages.begin(), stages.end(), stage_of(p)) == stages.end()) stages.push_back(stage_of(p));
+        std::map<std::string, std::map<std::string, uint64_t>> by;  // device -> stage -> bytes
+        std::map<std::string, uint64_t> budget;
+        for (auto& p : plans)
+            for (auto& u : p.devices) {
+                by[u.device][stage_of(p)] += u.total();
+                if (u.budget) budget[u.device] = u.budget;
+            }
+        s += fmt::format("\nper device, by stage (one stage's modules are loaded together; stages run one after another):\n{:<24}", "device");
+        for (auto& st : stages) s += fmt::format(" {:>10}", st);
+        s += fmt::format(" {:>10} {:>10}\n", "peak", "budget");
+        const auto peaks = device_peaks(plans);
+        for (auto& [d, m] : by) {
+            s += fmt::format("{:<24}", d);
+            for (auto& st : stages) {
+                auto it = m.find(st);
+                s += fmt::format(" {:>10}", it == m.end() ? std::string("-") : fmt::format("{:.1f}", mib(it->second)));
+            }
+            auto b = budget.find(d);
+            s += fmt::format(" {:>10.1f} {:>10}\n", mib(peaks.at(d)), b == budget.end() ? std::string("-") : fmt::format("{:.1f}", mib(b->second)));
+        }
+    }
     return s;
 }
 
@@ -307,31 +333,5 @@ std::string format_peaks(const std::vector<ModulePlan>& plans, const std::map<st
     }
     return s;
 }
-    if (plans.size() > 1) {
-        // per device: the stages time-share it; the modules of one stage add
-        std::vector<std::string> stages;
-        for (auto& p : plans)
-            if (std::find(stages.begin(), stages.end(), stage_of(p)) == stages.end()) stages.push_back(stage_of(p));
-        std::map<std::string, std::map<std::string, uint64_t>> by;  // device -> stage -> bytes
-        std::map<std::string, uint64_t> budget;
-        for (auto& p : plans)
-            for (auto& u : p.devices) {
-                by[u.device][stage_of(p)] += u.total();
-                if (u.budget) budget[u.device] = u.budget;
-            }
-        s += fmt::format("\nper device, by stage (one stage's modules are loaded together; stages run one after another):\n{:<24}", "device");
-        for (auto& st : stages) s += fmt::format(" {:>10}", st);
-        s += fmt::format(" {:>10} {:>10}\n", "peak", "budget");
-        const auto peaks = device_peaks(plans);
-        for (auto& [d, m] : by) {
-            s += fmt::format("{:<24}", d);
-            for (auto& st : stages) {
-                auto it = m.find(st);
-                s += fmt::format(" {:>10}", it == m.end() ? std::string("-") : fmt::format("{:.1f}", mib(it->second)));
-            }
-            auto b = budget.find(d);
-            s += fmt::format(" {:>10.1f} {:>10}\n", mib(peaks.at(d)), b == budget.end() ? std::string("-") : fmt::format("{:.1f}", mib(b->second)));
-        }
-    }
 
 }  // namespace easel::placement

@@ -61,13 +61,13 @@ struct DeviceUse {
 struct ModulePlan {
     PModule module = PModule::Diffusion;
     std::string label;             ///< e.g. "diffusion (UNet, 12 blocks)"
-    std::string params_location;   ///< spec value: "" (runtime devices), device name, or "disk"
     /// The pipeline stage during which the module is loaded ("te", "diffusion", "vae": easel
     /// generate loads one module per stage and frees it before the next, see
     /// pipeline/generate.cpp). Plans of one stage are resident together: their bytes on a
     /// device add; plans of different stages time-share the device (the device's peak is the
     /// largest stage). Empty = the module's own name (pmodule_name).
     std::string stage;
+    std::string params_location;   ///< spec value: "" (runtime devices), device name, or "disk"
     std::vector<Segment> segments;
     std::vector<DeviceUse> devices;  ///< runtime devices, in the spec's order
     uint64_t host_bytes = 0;       ///< parameters held in host RAM / params device (Host residency)
@@ -75,10 +75,10 @@ struct ModulePlan {
 
 /// What the planner needs to know about a module (from the model, before loading).
 struct ModuleCosts {
+    PModule module = PModule::Diffusion;  ///< which module (models::Family::placement_costs fills it)
     std::string label;                  ///< module description for the table
     std::vector<uint64_t> block_bytes;  ///< parameter bytes of each block
     uint64_t prologue_bytes = 0;        ///< parameter bytes outside the blocks (prologue + epilogue)
-    PModule module = PModule::Diffusion;  ///< which module (models::Family::placement_costs fills it)
     /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
     /// measured with ggml's graph allocator at the job's shapes.
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;

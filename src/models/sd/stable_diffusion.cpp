@@ -368,18 +368,18 @@ void StableDiffusion::unload(Module m) {
     case Module::Te:
         te_params_ = nn::ParamBuffer();
         te_.reset();
-        te_idx_.reset();
-        te_runner_.reset();
-        break;
-    case Module::Diffusion:
-        unet_.params = nn::ParamBuffer();
-        unet_.net.reset();
         if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) {
             te_plans_done_ = {placed_te_->placed->current_plan()};
             te_peaks_done_ = placed_te_->old_peaks;
             for (auto& [d, b] : placed_te_->placed->peaks()) te_peaks_done_[d] = std::max(te_peaks_done_[d], b);
         }
         placed_te_.reset();
+        te_idx_.reset();
+        te_runner_.reset();
+        break;
+    case Module::Diffusion:
+        unet_.params = nn::ParamBuffer();
+        unet_.net.reset();
         placed_unet_.reset();
         unet_runner_.reset();
         break;

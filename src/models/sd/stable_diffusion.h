@@ -92,9 +92,6 @@ private:
 
     runtime::GraphRunner& runner(Module m);
     void detect_prediction();
-
-    ModelFiles files_;
-    FamilyOptions opt_;
     /// The text encoder's headers: its weight index (`own` holds it when it is a file of its
     /// own), the CLIP keys and configuration (config.json overrides applied; its width checked
     /// against the UNet's). Throws Error(ModelMismatch) naming the flag and the fix.
@@ -102,6 +99,9 @@ private:
     /// The CLIP text encoder truncated to clip skip k (context = its last_hidden_state) under
     /// the placement spec; rebuilt when k changes.
     struct PlacedTe;
+
+    ModelFiles files_;
+    FamilyOptions opt_;
     ggml_type weight_type_ = GGML_TYPE_COUNT;
 
     // Sources (resolved at open). Paths of files/folders; empty = absent.
@@ -132,14 +132,14 @@ private:
     std::string te_desc_;
     LoadedUNet unet_;
     std::unique_ptr<placement::PlacedUNet> placed_unet_;  ///< the UNet under FamilyOptions::placement
-    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
-    std::unique_ptr<io::WeightIndex> taesd_idx_;
-    std::unique_ptr<vae::TinyAutoencoder> taesd_;
     std::unique_ptr<PlacedTe> placed_te_;                 ///< the text encoder under FamilyOptions::placement
     /// The placed text encoder's plan and measured peaks, kept when it is unloaded (the pipeline
     /// frees it before denoising and prints every plan's peaks after).
     std::vector<placement::ModulePlan> te_plans_done_;
     std::map<std::string, uint64_t> te_peaks_done_;
+    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
+    std::unique_ptr<io::WeightIndex> taesd_idx_;
+    std::unique_ptr<vae::TinyAutoencoder> taesd_;
     size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

@@ -31,13 +31,6 @@ std::string expected_te(int64_t cap_feat_dim) {
 
 bool is_zimage(const io::WeightIndex& index) { return find_zimage_dit(index).has_value(); }
 
-ZImage::~ZImage() = default;
-
-std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOptions& opt) {
-    std::unique_ptr<ZImage> m(new ZImage());
-    m->files_ = files;
-    m->opt_ = opt;
-    m->weight_type_ = parse_weight_type(opt.weight_type);
 namespace {
 
 using TeSeq = placement::EpilogueAdapter<qwen3::Qwen3Inputs, qwen3::Qwen3State, qwen3::Qwen3Outputs, ggml_tensor*>;
@@ -100,8 +93,8 @@ struct ZImage::PlacedDiT {
     std::unique_ptr<DiTPlaced> placed;
 };
 
-    if (files.model.empty() && files.diffusion_model.empty())
-        fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a Z-Image file) or --diffusion-model");
+ZImage::~ZImage() = default;
+
 const io::WeightIndex& ZImage::te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& qc) const {
     if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected_te(dcfg_.cap_feat_dim));
     const io::WeightIndex* ti = nullptr;
@@ -128,6 +121,13 @@ const io::WeightIndex& ZImage::te_headers(std::unique_ptr<io::WeightIndex>& own,
     return *ti;
 }
 
+std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOptions& opt) {
+    std::unique_ptr<ZImage> m(new ZImage());
+    m->files_ = files;
+    m->opt_ = opt;
+    m->weight_type_ = parse_weight_type(opt.weight_type);
+    if (files.model.empty() && files.diffusion_model.empty())
+        fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a Z-Image file) or --diffusion-model");
     if (!(opt.flow_shift >= 0.0f) || !std::isfinite(opt.flow_shift))
         fail(ErrorKind::InvalidInput, "--flow-shift {}: must be a positive number (0 = the model's default)", opt.flow_shift);
 
@@ -321,6 +321,19 @@ void ZImage::load(Module m) {
         break;
     }
     case Module::Diffusion: {
+        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
+            auto keys = find_zimage_dit(*dit_idx_);
+            placed_dit_ = std::make_unique<PlacedDiT>();
+            placed_dit_->cfg = dcfg_;
+            placed_dit_->net = std::make_unique<ZImageDiT>(dcfg_);
+            placed_dit_->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
+            nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
+            lo.weight_type = weight_type_;
+            placed_dit_->placed = std::make_unique<DiTPlaced>(*placed_dit_->net, *placed_dit_->net, *placed_dit_->src, lo,
+                                                              placement::PModule::Diffusion, *opt_.placement, opt_.threads,
+                                                              opt_.flash_attn_diffusion);
+            break;
+        }
         ZImageLoadOptions lo;
         lo.device = opt_.diffusion_device;
         lo.threads = opt_.threads;
@@ -358,19 +371,6 @@ void ZImage::unload(Module m) {
         dit_.reset();
         placed_dit_.reset();
         break;
-        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
-            auto keys = find_zimage_dit(*dit_idx_);
-            placed_dit_ = std::make_unique<PlacedDiT>();
-            placed_dit_->cfg = dcfg_;
-            placed_dit_->net = std::make_unique<ZImageDiT>(dcfg_);
-            placed_dit_->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
-            nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
-            lo.weight_type = weight_type_;
-            placed_dit_->placed = std::make_unique<DiTPlaced>(*placed_dit_->net, *placed_dit_->net, *placed_dit_->src, lo,
-                                                              placement::PModule::Diffusion, *opt_.placement, opt_.threads,
-                                                              opt_.flash_attn_diffusion);
-            break;
-        }
     case Module::VaeDecoder:
         vae_dec_.reset();
         if (!vae_enc_) vae_runner_.reset();
@@ -504,7 +504,6 @@ vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOp
     return vae_enc_->encode(image, tiling, ex);
 }
 
-}  // namespace easel::models::zimage
 std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w) {
     std::vector<placement::ModuleCosts> out;
     const int64_t L = kMaxPromptTokens;
@@ -582,3 +581,4 @@ std::map<std::string, uint64_t> ZImage::placement_peaks() const {
     return p;
 }
 
+}  // namespace easel::models::zimage
