@@ -2,6 +2,8 @@
 #include "placement/plan.h"
 
 #include "core/error.h"
+#include "core/log.h"
+#include "placement/row_split.h"
 
 #include <fmt/format.h>
 
@@ -124,6 +126,18 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
     if ((int)devs.size() > std::max(n, 1))
         fail(ErrorKind::InvalidInput, "{}: {} devices but only {} blocks to split", pmodule_name(module), devs.size(), n);
     const Residency r = place.params.empty() ? Residency::Device : place.params == kDisk ? Residency::Disk : Residency::Host;
+    if (place.split == SplitMode::Row && devs.size() > 1) {
+        // --split-mode row on ggml's meta device (placement/row_split.h); else layer split
+        std::string why = !c.row_split ? "this module has no row-split rules"
+                          : !c.row_split->why_not.empty() ? c.row_split->why_not
+                          : r != Residency::Device ? "its parameters are not kept on its devices (--params-backend)"
+                          : n == 0 ? "it has no blocks"
+                          : !c.row_split_bytes || c.row_split_bytes(devs.size()).size() != devs.size()
+                              ? "a weight slice would not be whole quantisation blocks"
+                              : "";
+        if (why.empty()) return plan_row_split(module, place, c, budgets);
+        log::warn("--split-mode row for {}: {}; using layer split", pmodule_name(module), why);
+    }
     auto budget_of = [&](const std::string& d) -> uint64_t {
         auto it = budgets.find(d);
         return it == budgets.end() ? 0 : it->second;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,8 @@ struct ModulePlan {
     uint64_t host_bytes = 0;       ///< parameters held in host RAM / params device (Host residency)
 };
 
+struct RowSplitRules;  // placement/row_split.h
+
 /// What the planner needs to know about a module (from the model, before loading).
 struct ModuleCosts {
     PModule module = PModule::Diffusion;  ///< which module (models::Family::placement_costs fills it)
@@ -84,6 +87,11 @@ struct ModuleCosts {
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;
     /// Bytes of the state entering block e (0 < e < blocks), at the job's shapes. Optional.
     std::function<uint64_t(int e)> state_bytes;
+    /// --split-mode row (placement/row_split.h): the module's tensor-parallel rules (null: the
+    /// module cannot be row split; a row split then falls back to layer split with a warning),
+    /// and the block parameter bytes each of n devices holds under them.
+    std::shared_ptr<const RowSplitRules> row_split;
+    std::function<std::vector<uint64_t>(size_t n_devices)> row_split_bytes;
 };
 
 /// Budget in bytes per device name; a device absent = unlimited. From --max-vram (GiB; < 0:

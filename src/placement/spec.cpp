@@ -222,12 +222,8 @@ PlacementSpec parse_placement(const PlacementFlags& f, const std::vector<DeviceN
             for (auto& m : spec.modules) m.split = sm;
         else spec[parse_pmodule(e.key)].split = sm;
     }
-    for (int i = 0; i < kModuleCount; ++i) {
-        auto& m = spec.modules[(size_t)i];
-        if (m.split == SplitMode::Row && m.devices.size() > 1)
-            spec.warnings.push_back(fmt::format("--split-mode row for {}: row split (ggml meta device) is not implemented in this build; using layer split",
-                                                pmodule_name((PModule)i)));
-    }
+    // row split is decided per module by the planner (placement/row_split.h): modules with
+    // row-split rules run on ggml's meta device, the others warn there and use layer split
 
     // --max-vram
     for (auto& e : entries(f.max_vram, "--max-vram")) {

@@ -62,6 +62,9 @@ struct PlacementFlags {
     bool offload_to_cpu = false; ///< --offload-to-cpu: prepends `*=cpu` to --params-backend
     bool clip_on_cpu = false;    ///< --clip-on-cpu: prepends `te=cpu` to --backend
     bool vae_on_cpu = false;     ///< --vae-on-cpu: prepends `vae=cpu` to --backend
+    /// --auto-fit: the planner (placement/autofit.h) fills in every entry the flags above leave
+    /// open; the caller replaces these flags with the plan's explicit ones before parsing.
+    bool auto_fit = false;
     /// True when any placement flag was given.
     bool any() const {
         return !backend.empty() || !params_backend.empty() || !split_mode.empty() || !max_vram.empty() ||
@@ -113,7 +116,8 @@ std::string resolve_device(const std::string& name, const std::vector<DeviceName
 ///  * `A&B` device lists only in --backend, and only for diffusion and te (a default list
 ///    gives vae/controlnet/upscaler its first device); no repeated device in a list;
 ///  * `disk` only in --params-backend; params `auto`/`default` = on the runtime devices;
-///  * --split-mode row is accepted, but this build falls back to layer split with a warning;
+///  * --split-mode row is kept per module; the planner runs it on ggml's meta device where the
+///    module has row-split rules (placement/row_split.h), else warns and uses layer split;
 ///  * --stream-layers without diffusion params in host RAM is ignored with a warning.
 /// Throws Error(InvalidInput) with a one-line message naming the flag and the bad entry.
 PlacementSpec parse_placement(const PlacementFlags& flags, const std::vector<DeviceName>& devs);

@@ -92,7 +92,15 @@ SegmentExecutor::Device& SegmentExecutor::device(const std::string& name) {
     if (it != devices_.end()) return *it->second;
     auto d = std::make_unique<Device>();
     d->name = name;
-    d->dev = placement::find_device(name);
+    if (placement::is_row_split_device(name)) {
+        // --split-mode row: ggml's meta device over the named devices (placement/row_split.h)
+        if (!row_rules_) fail(ErrorKind::Internal, "segment device {} is a row split but the module has no row-split rules", name);
+        auto rs = std::make_unique<placement::RowSplitDevice>(placement::row_split_members(name), row_rules_);
+        d->dev = rs->device();
+        row_devs_[name] = std::move(rs);
+    } else {
+        d->dev = placement::find_device(name);
+    }
     d->backend = ggml_backend_dev_init(d->dev, nullptr);
     if (!d->backend) fail(ErrorKind::Unsupported, "cannot initialise a backend on device {}", name);
     if (ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(d->dev)) {
@@ -109,6 +117,44 @@ SegmentExecutor::Device& SegmentExecutor::device(const std::string& name) {
 void SegmentExecutor::note(Device& d) {
     uint64_t& p = peaks_[d.name];
     p = std::max<uint64_t>(p, d.params + d.staged + d.compute);
+    if (row_devs_.empty()) return;
+    // row split: each member device holds its share of the meta device's buffers (parameters:
+    // the largest share; compute: ggml allocates the whole graph's buffer on every member) plus
+    // what its own graphs (prologue, epilogue) hold
+    std::map<std::string, uint64_t> now;
+    for (auto& [n, dv] : devices_) {
+        const uint64_t u = dv->params + dv->staged + dv->compute;
+        if (placement::is_row_split_device(n))
+            for (auto& m : placement::row_split_members(n)) now[m] += u;
+        else now[n] += u;
+    }
+    for (auto& [m, u] : now) peaks_[m] = std::max(peaks_[m], u);
+}
+
+uint64_t SegmentExecutor::extra_compute(const Device& d, const ggml_cgraph* gf) const {
+    auto it = row_devs_.find(d.name);
+    return it == row_devs_.end() ? 0 : it->second->allreduce_bytes(gf);
+}
+
+std::vector<uint64_t> SegmentExecutor::row_split_bytes(size_t n) const {
+    std::vector<uint64_t> out(n, 0);
+    if (!row_rules_) return {};
+    for (auto& b : blocks_)
+        for (auto* p : b) {
+            const std::string& name = names_.at(p);
+            const io::TensorInfo* t = src_.find(name);
+            if (!t) continue;
+            const ggml_type type = nn::choose_param_type(p->role, *t, opt_);
+            const placement::RowSplitRule& rule = row_rules_->rule(name);
+            if (rule.role == placement::RowRole::Row && ggml_blck_size(type) > 1) {
+                const auto per = placement::split_features(p->shape.back() / rule.segments, rule.granule, n);
+                for (auto v : per)
+                    if (v % ggml_blck_size(type) != 0) return {};
+            }
+            auto sb = placement::slice_bytes(type, p->shape, rule, n);
+            for (size_t j = 0; j < n; ++j) out[j] += sb[j];
+        }
+    return out;
 }
 
 void SegmentExecutor::load(const placement::ModulePlan& plan) {
@@ -134,7 +180,17 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
             s.bind.clear();
             for (auto* p : s.params) s.bind.emplace_back(p, p->tensor);
         };
-        if (s.plan.residency == placement::Residency::Device) {
+        if (auto rs = row_devs_.find(d.name); rs != row_devs_.end()) {
+            // row split: slices and mirrored copies in one meta buffer over the member devices
+            if (s.plan.residency != placement::Residency::Device)
+                fail(ErrorKind::Unsupported, "a row split keeps its parameters on its devices (no --params-backend for {})", d.name);
+            std::vector<std::string> names;
+            for (auto* p : s.params) names.push_back(names_.at(p));
+            rs->second->load(root_, src_, opt_, names);
+            record();
+            d.params += rs->second->param_buffer_bytes();
+            note(d);
+        } else if (s.plan.residency == placement::Residency::Device) {
             s.own = nn::ParamBuffer::load_subset(root_, src_, ggml_backend_dev_buffer_type(d.dev), opt_, filter);
             record();
             d.params += s.own.size();

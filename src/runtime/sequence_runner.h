@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "nn/sequence.h"
 #include "placement/plan.h"
+#include "placement/row_split.h"
 #include "runtime/graph_runner.h"
 
 #include <ggml-alloc.h>
@@ -75,6 +76,14 @@ public:
     /// Segments whose next upload overlapped the previous compute (backends with events).
     int prefetched_uploads() const { return prefetched_; }
 
+    /// --split-mode row: the module's tensor-parallel rules (placement/row_split.h). With rules,
+    /// costs() offers the planner a row split, and load() runs a plan segment whose device is
+    /// "A&B..." on ggml's meta device over A, B... Set before costs() / load().
+    void set_row_split(std::shared_ptr<const placement::RowSplitRules> rules) { row_rules_ = std::move(rules); }
+    /// Block parameter bytes per device under the rules over n devices (slices + mirrored), or
+    /// empty when a slice would not be whole quantisation blocks.
+    std::vector<uint64_t> row_split_bytes(size_t n) const;
+
 protected:
     struct Device {
         std::string name;
@@ -115,6 +124,9 @@ protected:
     void install_fake();
     void restore_fake();
 
+    /// Extra compute bytes of a graph on d: ggml's all-reduce staging on a row-split device.
+    uint64_t extra_compute(const Device& d, const ggml_cgraph* gf) const;
+
     nn::Block& root_;
     std::vector<std::vector<nn::Param*>> blocks_;
     std::vector<nn::Param*> rest_;
@@ -130,6 +142,8 @@ protected:
     int prefetched_ = 0;
     ggml_context* fake_ctx_ = nullptr;
     std::vector<std::pair<nn::Param*, ggml_tensor*>> saved_;
+    std::shared_ptr<const placement::RowSplitRules> row_rules_;
+    std::map<std::string, std::unique_ptr<placement::RowSplitDevice>> row_devs_;  // by "A&B" name
 };
 
 /// Raw bytes of one state tensor crossing a segment boundary.
@@ -167,6 +181,12 @@ public:
             return measure(make_inputs, select, b, e, pro, epi, dev);
         };
         c.state_bytes = [this, make_inputs](int e) { return measure_state(make_inputs, e); };
+        if (row_rules_ && row_rules_->why_not.empty()) {
+            c.row_split = row_rules_;
+            c.row_split_bytes = [this](size_t n) { return row_split_bytes(n); };
+        } else if (row_rules_) {
+            c.row_split = row_rules_;  // why_not says why it cannot apply
+        }
         return c;
     }
 
@@ -209,7 +229,7 @@ public:
             check_ops(d, gf);
             if (!ggml_gallocr_alloc_graph(d.galloc, gf))
                 fail(ErrorKind::OutOfMemory, "cannot allocate the compute buffer on {} for blocks {}-{}", d.name, sg.plan.begin, sg.plan.end);
-            d.compute = ggml_gallocr_get_buffer_size(d.galloc, 0);
+            d.compute = ggml_gallocr_get_buffer_size(d.galloc, 0) + extra_compute(d, gf);
             note(d);
             for (auto& in : gb.inputs())
                 if (in.t->buffer) ggml_backend_tensor_set(in.t, in.bytes.data(), 0, in.bytes.size());
