@@ -7,7 +7,7 @@ source tools/reference/device_setup.sh
 {
 python3 -c "import torch, transformers, diffusers; print(torch.__version__, transformers.__version__, diffusers.__version__)"
 date +%T; timeout 240 python3 tools/reference/make_sd2_pipeline.py --gz .carry/bpe_simple_vocab_16e6.txt.gz \
-    --out $W/sd2_tiny || echo "FAILED sd2 pipeline"
+    --out $W/sd2_tiny --configs-only-folder || echo "FAILED sd2 pipeline"
 rm -rf $W/sd2_tiny/_tok
 tar -C $W -cf $OUT/sd2_tiny.tar sd2_tiny || echo "FAILED sd2 tar"
 date +%T; timeout 300 python3 tools/reference/make_zimage_pipeline.py --tok-gz models/tokenizers/qwen3/tokenizer.json.gz \

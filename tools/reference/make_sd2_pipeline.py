@@ -11,14 +11,18 @@ SD2.x conventions the tiny model keeps, so that everything can be inferred from 
                 first 2 and diffusers uses their last output (final layer norm applied). The single file stores
                 all 3 (resblocks.0..2); the "penultimate" layer SD2 uses (ldm FrozenOpenCLIPEmbedder
                 layer="penultimate", sd.cpp/A1111 clip skip 2) gives the same conditioning.
-  UNet          use_linear_projection=True, attention_head_dim per block (1, 2) (diffusers' naming quirk: these
-                are head counts), block_out_channels (64, 128) -> head size 64 in every block (SD2's
-                num_head_channels = 64), cross_attention_dim 64 = text-encoder width, layers_per_block 1.
-  VAE           the SD1.x tiny VAE (factor 8, 4 latent channels, scaling 0.18215).
+  UNet          use_linear_projection=True, block_out_channels (32, 64), attention in the 64-channel level and
+                the mid block (like SD2's last level, the first has none), attention_head_dim per block (1, 1)
+                (diffusers' naming quirk: head counts) -> head size 64 (SD2's num_head_channels = 64),
+                cross_attention_dim 64 = text-encoder width, layers_per_block 1 (small: the repo budget).
+  VAE           AutoencoderKL, 4 levels of 32 channels (factor 8), 1 resnet per level, 4 latent channels,
+                scaling 0.18215.
   scheduler     prediction_type v_prediction (SD2.x 768-v), scaled_linear betas 0.00085..0.012.
 
 Writes into --out:
-  diffusers/                 StableDiffusionPipeline.save_pretrained (f16 weights, tokenizer with pad "!")
+  diffusers/                 StableDiffusionPipeline.save_pretrained (f16 weights, tokenizer with pad "!"); with
+                             --configs-only-folder only its JSON files are kept (the weights are the single file's,
+                             which tests convert back at run time, as diffusers' conversion does: the repo budget)
   sd2_tiny.safetensors       original (ldm) single file, f16: model.diffusion_model.*, first_stage_model.*,
                              cond_stage_model.model.{token_embedding.weight, positional_embedding,
                              transformer.resblocks.N.{ln_1, attn.in_proj_weight/in_proj_bias (fused q|k|v rows),
@@ -79,15 +83,15 @@ def build_models(seed):
     assert not [k for k in missing if not k.endswith("position_ids")] and not unexpected, (missing, unexpected)
     torch.manual_seed(seed + 1)
     unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
-                                block_out_channels=(64, 128),
-                                down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-                                up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-                                cross_attention_dim=64, attention_head_dim=(1, 2), use_linear_projection=True,
+                                block_out_channels=(32, 64),
+                                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                                cross_attention_dim=64, attention_head_dim=(1, 1), use_linear_projection=True,
                                 norm_num_groups=32)
     torch.manual_seed(seed + 2)
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(32, 32, 64, 64),
-                        layers_per_block=2, latent_channels=4, norm_num_groups=32, sample_size=64,
+                        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(32, 32, 32, 32),
+                        layers_per_block=1, latent_channels=4, norm_num_groups=32, sample_size=64,
                         scaling_factor=0.18215)
     g = torch.Generator().manual_seed(seed + 3)
     text_projection = torch.randn(64, 64, generator=g) * 0.1  # OpenCLIP [width, projection]; unused by SD2
@@ -129,6 +133,8 @@ def main():
     ap.add_argument("--gz", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=2222)
+    ap.add_argument("--configs-only-folder", action="store_true",
+                    help="after the runs, keep only the JSON files of diffusers/ (drop its weights and tokenizer.json)")
     a = ap.parse_args()
     t0 = time.time()
     torch.set_num_threads(8)
@@ -237,6 +243,11 @@ def main():
     with open(os.path.join(a.out, "cases.json"), "w") as f:
         json.dump(msp_finite(meta), f, indent=1, default=str, allow_nan=False)
     shutil.rmtree(tok_dir)
+    if a.configs_only_folder:
+        for root, _, files in os.walk(ddir):
+            for fn in files:
+                if not fn.endswith(".json") or fn == "tokenizer.json":
+                    os.remove(os.path.join(root, fn))
     print(f"sd2 pipeline: done in {time.time() - t0:.1f}s")
 
 
