@@ -331,10 +331,10 @@ def run_case(pipe, case, out, dump_hidden):
     t["dit0_img_ids"], t["dit0_txt_ids"], t["dit0_ctx"] = first["img_ids"], first["txt_ids"], first["ctx"]
     n_img = lh * lw
     if refs:
-        t["ref_latents"] = first["x"][:, n_img:].contiguous()
+        t["ref_latents"] = first["x"][:, n_img:].clone()  # own storage: save_file refuses shared memory
     t["sigmas"] = sched.sigmas.float().cpu()
     t["timesteps"] = sched.timesteps.float().cpu()
-    save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, f"case_{name}.safetensors"))
+    save_file({k: v.contiguous().clone() for k, v in t.items()}, os.path.join(out, f"case_{name}.safetensors"))
     image_to_png(img[0], os.path.join(out, f"case_{name}.png"))
     mu = compute_empirical_mu(image_seq_len=n_img, num_steps=steps)
     c = {"name": name, "prompt": prompt, "negative_prompt": "", "seed": seed, "width": W, "height": H,
