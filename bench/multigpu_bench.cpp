@@ -5,6 +5,9 @@
 //   single   every block resident on the first device (the reference output)
 //   layer    --backend "diffusion=DEV0&DEV1" --split-mode layer: contiguous block ranges per
 //            device, balanced by the planner in proportion to the budgets
+//   row      --backend "diffusion=DEV0&DEV1" --split-mode row: tensor parallelism inside each
+//            block on ggml's meta device (placement/row_split.h; partial sums all-reduced, NCCL
+//            on CUDA)
 //   capped   --backend "diffusion=DEV0&DEV1" --params-backend diffusion=cpu --stream-layers
 //            --max-vram DEV0=G,DEV1=G: weights in pinned host RAM, each device capped (the two
 //            6 GB cards of our users, simulated by caps; --cap-gib)
@@ -15,7 +18,7 @@
 // step (the state handed from a segment to a segment on another device; it goes device -> host ->
 // device) plus, for `capped`, the weight bytes uploaded per step.
 //
-//   easel-bench-multigpu [--devices CUDA0,CUDA1] [--modes single,layer,capped] [--size 1024]
+//   easel-bench-multigpu [--devices CUDA0,CUDA1] [--modes single,layer,row,capped] [--size 1024]
 //                        [--tokens 128] [--type bf16|q8_0] [--cap-gib 6] [--reps 3] [--warmup 1]
 //                        [--layers 30] [--json out.json] [--tmp-dir DIR] [--rpc-servers ...]
 //
@@ -29,6 +32,7 @@
 #include "models/zimage/z_image_dit.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
+#include "placement/row_split.h"
 #include "runtime/sequence_runner.h"
 
 #include <CLI/CLI.hpp>
@@ -66,14 +70,14 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 int main_impl(int argc, char** argv) {
-    std::string devices_arg, modes_arg = "single,layer,capped", type = "bf16", json_path, tmp_dir, rpc;
+    std::string devices_arg, modes_arg = "single,layer,row,capped", type = "bf16", json_path, tmp_dir, rpc;
     int threads = 0, reps = 3, warmup = 1, tokens = 128, layers = 30, size = 1024;
     double cap_gib = 6.0;
     bool fa = true;
     uint64_t seed = 1;
-    CLI::App app{"easel-bench-multigpu: the full-size Z-Image DiT under single-device, layer-split and capped placements"};
+    CLI::App app{"easel-bench-multigpu: the full-size Z-Image DiT under single-device, layer-split, row-split and capped placements"};
     app.add_option("--devices", devices_arg, "two or more runtime devices, comma-separated (default: every GPU)");
-    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, capped (default all)");
+    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, row, capped (default all)");
     app.add_option("--size", size, "image side in pixels, a multiple of 16 (default 1024)")->check(CLI::Range(16, 4096));
     app.add_option("--tokens", tokens, "caption tokens (default 128)")->check(CLI::Range(1, 1024));
     app.add_option("--type", type, "matmul weight type: bf16 or q8_0 (default bf16)")->check(CLI::IsMember({"bf16", "q8_0"}));
@@ -143,8 +147,10 @@ int main_impl(int argc, char** argv) {
     std::vector<float> reference;
     double single_s = 0;
     for (const std::string& mode : modes) {
-        if (mode != "single" && mode != "layer" && mode != "capped") fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, capped)", mode);
+        if (mode != "single" && mode != "layer" && mode != "row" && mode != "capped")
+            fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, row, capped)", mode);
         runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*> r(net, net, src, lo, threads, fa);
+        if (mode == "row") r.set_row_split(placement::zimage_row_split_rules(net));
         auto costs = r.costs(mk, sel, "Z-Image DiT");
         placement::ModulePlacement place;
         std::map<std::string, uint64_t> budgets;
@@ -153,7 +159,7 @@ int main_impl(int argc, char** argv) {
             place.devices = {devs[0]};
         } else {
             place.devices = devs;
-            place.split = placement::SplitMode::Layer;
+            place.split = mode == "row" ? placement::SplitMode::Row : placement::SplitMode::Layer;
         }
         if (mode == "capped") {
             place.params = "CPU";
