@@ -57,19 +57,23 @@ private:
 /// the measure functions build graphs with. make_inputs must own its host data (capture by
 /// value): it runs whenever the planner measures. Nothing is loaded; measuring builds graphs
 /// with stand-in parameter tensors and sizes them with ggml's graph allocator on the device
-/// named in each call. Throws as SequenceRunner's constructor.
+/// named in each call. `row_split`: the module's tensor-parallel rules (placement/row_split.h)
+/// for --split-mode row, or null. Throws as SequenceRunner's constructor.
 template <class I, class S, class O>
 ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn::Block& root, const nn::Sequence<I, S, O>& seq,
                                  const nn::TensorSource& src, nn::LoadOptions lo, int threads, bool flash_attn,
                                  typename runtime::SequenceRunner<I, S, O>::InputsFn make_inputs,
-                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label) {
+                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label,
+                                 std::shared_ptr<const RowSplitRules> row_split = nullptr) {
     using Runner = runtime::SequenceRunner<I, S, O>;
     auto runner = std::make_shared<Runner>(root, seq, src, std::move(lo), threads, flash_attn);
+    if (row_split) runner->set_row_split(std::move(row_split));
     ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
     // pair members are destroyed second first: the runner before what it points into
     auto hold = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<Runner>>>(std::move(keep), runner);
     c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
     c.state_bytes = [hold, f = c.state_bytes](int e) { return f(e); };
+    if (c.row_split_bytes) c.row_split_bytes = [hold, f = c.row_split_bytes](size_t n) { return f(n); };
     c.module = module;
     return c;
 }
@@ -104,23 +108,34 @@ public:
         return p;
     }
 
-    /// One evaluation. `shape` keys the plan: on the first call and whenever it differs from the
-    /// loaded plan's, the module is planned (the table logged), loaded and, inside a phase,
-    /// staged. Returns the selected outputs as F32 host tensors. Throws as plan() and
+    /// One evaluation. `shape` keys the plan: on the first call the module is planned (the table
+    /// logged), loaded and, inside a phase, staged; for a new shape it is planned again and
+    /// reloaded only when the segments differ (same layout: the loaded weights are kept and the
+    /// plan's compute/state bytes become the larger of the two). Returns the selected outputs as F32 host tensors. Throws as plan() and
     /// SequenceRunner::run().
     std::vector<runtime::HostTensor> run(const std::vector<int64_t>& shape, const InputsFn& make_inputs, const SelectFn& select,
                                          const std::string& label) {
         if (!runner_ || shape != shape_) {
-            if (runner_) {
-                for (auto& [d, b] : runner_->peaks()) peaks_[d] = std::max(peaks_[d], b);
-                runner_.reset();
+            auto it = plans_.find(shape);
+            if (it == plans_.end()) it = plans_.emplace(shape, plan(make_inputs, select, label)).first;
+            const ModulePlan& p = it->second;
+            if (runner_ && same_layout(p, runner_->plan())) {
+                // same segments, devices and residencies (e.g. the positive and the negative
+                // prompt of CFG, captions of different lengths): keep the loaded weights; the
+                // compute buffer grows as needed, the prediction is the larger of the two
+                widen(plan_, p);
+            } else {
+                if (runner_) {
+                    for (auto& [d, b] : runner_->peaks()) peaks_[d] = std::max(peaks_[d], b);
+                    runner_.reset();
+                }
+                plan_ = p;
+                log::info("placement plan for the {} module:\n{}", pmodule_name(module_), format_plan({plan_}));
+                runner_ = make_runner();
+                runner_->load(plan_);
+                if (phase_) runner_->begin_phase();
             }
-            plan_ = plan(make_inputs, select, label);
-            log::info("placement plan for the {} module:\n{}", pmodule_name(module_), format_plan({plan_}));
-            runner_ = make_runner();
-            runner_->load(plan_);
             shape_ = shape;
-            if (phase_) runner_->begin_phase();
         }
         return runner_->run(make_inputs, select);
     }
@@ -145,11 +160,44 @@ public:
         phase_ = false;
         if (runner_) runner_->end_phase();
     }
+    /// --split-mode row: the module's tensor-parallel rules (placement/row_split.h), applied to
+    /// every runner made after this call (the next plan). Without rules a row split falls back to
+    /// layer split with a warning.
+    void set_row_split(std::shared_ptr<const RowSplitRules> rules) { row_rules_ = std::move(rules); }
     /// Segments whose upload overlapped the previous compute (devices with events).
     int prefetched_uploads() const { return runner_ ? runner_->prefetched_uploads() : 0; }
 
+    /// True when a and b have the same segments (device, block range, residency, per-eval) and
+    /// runtime devices: a runner loaded for one can run the other.
+    static bool same_layout(const ModulePlan& a, const ModulePlan& b) {
+        if (a.segments.size() != b.segments.size() || a.devices.size() != b.devices.size()) return false;
+        for (size_t i = 0; i < a.segments.size(); ++i) {
+            const Segment &x = a.segments[i], &y = b.segments[i];
+            if (x.device != y.device || x.begin != y.begin || x.end != y.end || x.residency != y.residency || x.per_eval != y.per_eval)
+                return false;
+        }
+        for (size_t i = 0; i < a.devices.size(); ++i)
+            if (a.devices[i].device != b.devices[i].device) return false;
+        return true;
+    }
+    /// p's compute and state bytes raised to q's where larger (same layout).
+    static void widen(ModulePlan& p, const ModulePlan& q) {
+        for (size_t i = 0; i < p.segments.size(); ++i) {
+            p.segments[i].compute_bytes = std::max(p.segments[i].compute_bytes, q.segments[i].compute_bytes);
+            p.segments[i].state_bytes = std::max(p.segments[i].state_bytes, q.segments[i].state_bytes);
+        }
+        for (size_t i = 0; i < p.devices.size(); ++i) {
+            p.devices[i].compute = std::max(p.devices[i].compute, q.devices[i].compute);
+            p.devices[i].state = std::max(p.devices[i].state, q.devices[i].state);
+        }
+    }
+
 private:
-    std::unique_ptr<Runner> make_runner() { return std::make_unique<Runner>(root_, seq_, src_, lo_, threads_, flash_); }
+    std::unique_ptr<Runner> make_runner() {
+        auto r = std::make_unique<Runner>(root_, seq_, src_, lo_, threads_, flash_);
+        if (row_rules_) r->set_row_split(row_rules_);
+        return r;
+    }
 
     nn::Block& root_;
     const Seq& seq_;
@@ -162,7 +210,9 @@ private:
     std::unique_ptr<Runner> runner_;
     ModulePlan plan_;
     std::vector<int64_t> shape_;
+    std::map<std::vector<int64_t>, ModulePlan> plans_;  // plans made so far, by shape
     bool phase_ = true;  // a phase lasts while the module is loaded
+    std::shared_ptr<const RowSplitRules> row_rules_;
     std::map<std::string, uint64_t> peaks_;
 };
 
