@@ -9,7 +9,7 @@
 namespace easel::cli {
 
 /// Adds --backend, --params-backend, --split-mode, --max-vram, --headroom, --stream-layers,
-/// --offload-to-cpu, --clip-on-cpu and --vae-on-cpu to `app`, bound to `f`.
+/// --offload-to-cpu, --clip-on-cpu, --vae-on-cpu and --auto-fit to `app`, bound to `f`.
 inline void add_placement_options(CLI::App& app, placement::PlacementFlags& f) {
     const char* g = "Placement (docs/placement.md)";
     app.add_option("--backend", f.backend,
@@ -24,6 +24,10 @@ inline void add_placement_options(CLI::App& app, placement::PlacementFlags& f) {
     app.add_flag("--offload-to-cpu", f.offload_to_cpu, "Keep weights in RAM (= --params-backend '*=cpu' first)")->group(g);
     app.add_flag("--clip-on-cpu", f.clip_on_cpu, "Run the text encoder on the CPU (= --backend te=cpu first)")->group(g);
     app.add_flag("--vae-on-cpu", f.vae_on_cpu, "Run the VAE on the CPU (= --backend vae=cpu first)")->group(g);
+    app.add_flag("--auto-fit", f.auto_fit,
+                 "Place every module from measured sizes (docs/placement.md --auto-fit); explicit --backend/--params-backend entries are kept; "
+                 "prints the plan as explicit flags")
+        ->group(g);
 }
 
 }  // namespace easel::cli

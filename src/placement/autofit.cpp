@@ -1,0 +1,715 @@
+// --auto-fit (see autofit.h).
+#include "placement/autofit.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "pipeline/cache.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <ggml-alloc.h>
+#include <ggml-backend.h>
+#include <ggml.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+namespace easel::placement {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+/// Alignment slack the runtime adds to each slot / state buffer (runtime/sequence_runner.cpp).
+constexpr uint64_t kSlack = 8 << 10;
+
+double mib(uint64_t b) { return (double)b / kMiB; }
+double gib(uint64_t b) { return (double)b / kGiB; }
+
+/// Defaults of the cost model where a device gives no figure (orders of magnitude: a PCIe 4
+/// x16 link moves ~12 GB/s; loopback RPC ~1 GB/s; a discrete GPU ~20 TFLOP/s in f16, a desktop
+/// CPU ~0.2 TFLOP/s).
+double bandwidth(const FitDevice& d) {
+    if (d.h2d_bytes_per_s > 0) return d.h2d_bytes_per_s;
+    if (d.is_cpu()) return 2.0e10;
+    if (d.name.rfind("RPC", 0) == 0) return 1.0e9;
+    return 1.2e10;
+}
+double flops(const FitDevice& d) {
+    if (d.flops > 0) return d.flops;
+    return d.is_cpu() ? 2.0e11 : 2.0e13;
+}
+
+uint64_t total_params(const ModuleCosts& c) {
+    return std::accumulate(c.block_bytes.begin(), c.block_bytes.end(), c.prologue_bytes);
+}
+
+/// One evaluated placement of one module.
+struct Candidate {
+    Tier tier = Tier::TimeShared;
+    ModulePlacement place;
+    bool stream = false;
+    ModulePlan plan;
+    double seconds = 0;
+    int vae_tile = 0;
+    uint64_t ram = 0;                       ///< host RAM held during the stage (Host params, CPU execution)
+    std::map<std::string, uint64_t> caps;   ///< budgets the planner lowered (max-allocation limits)
+    std::string note;                       ///< why this candidate (for the reasons)
+};
+
+/// The smallest miss seen for a module (for the "nothing fits" message).
+struct Shortfall {
+    uint64_t bytes = UINT64_MAX;  ///< need - available
+    uint64_t need = 0, have = 0;
+    uint64_t params = 0, compute = 0;  ///< parts of `need` that scale with the weights / the image
+    std::string where;            ///< device name, or "host RAM"
+    std::string what;             ///< the candidate, in words
+    bool ram = false;
+};
+
+class Planner {
+public:
+    explicit Planner(const FitRequest& r) : req_(r) {
+        for (auto& d : r.devices) {
+            if (d.is_cpu()) cpu_ = &d;
+            else if (d.budget > 0) accels_.push_back(&d);
+        }
+        // fastest first: compute throughput, then bandwidth; stable on the given order
+        std::stable_sort(accels_.begin(), accels_.end(), [](const FitDevice* a, const FitDevice* b) {
+            if (flops(*a) != flops(*b)) return flops(*a) > flops(*b);
+            return bandwidth(*a) > bandwidth(*b);
+        });
+        for (auto& d : r.devices) budgets_[d.name] = d.budget;
+        if (cpu_ && cpu_->budget == 0) budgets_.erase(cpu_->name);  // host RAM unknown: unlimited
+    }
+
+    const FitDevice* device(const std::string& name) const {
+        for (auto& d : req_.devices)
+            if (d.name == name) return &d;
+        return nullptr;
+    }
+    uint64_t ram_budget() const { return cpu_ ? cpu_->budget : 0; }  // 0 = unknown / unlimited
+    const std::vector<const FitDevice*>& accels() const { return accels_; }
+    const FitDevice* cpu() const { return cpu_; }
+
+    /// Predicted seconds of module m under plan p (autofit.h "Cost model").
+    double seconds(const FitModule& m, const ModulePlan& p, int vae_tile) const {
+        const uint64_t all = std::max<uint64_t>(1, total_params(m.costs));
+        const double fl = m.flops_per_eval > 0 ? m.flops_per_eval : (double)all;
+        double load = 0, per_eval = 0;
+        for (size_t i = 0; i < p.segments.size(); ++i) {
+            const Segment& s = p.segments[i];
+            const FitDevice* d = device(s.device);
+            if (!d) continue;
+            const double share = (double)s.param_bytes / (double)all;
+            per_eval += fl * share / flops(*d);
+            if (s.per_eval) per_eval += (double)s.param_bytes / bandwidth(*d);
+            else if (s.residency == Residency::Host) load += (double)s.param_bytes / bandwidth(*d);
+            else load += (double)s.param_bytes / req_.disk_bytes_per_s;
+            if (i + 1 < p.segments.size() && p.segments[i + 1].device != s.device) {
+                const FitDevice* n = device(p.segments[i + 1].device);
+                per_eval += (double)s.state_bytes * (1.0 / bandwidth(*d) + (n ? 1.0 / bandwidth(*n) : 0.0));
+            }
+        }
+        // overlapping tiles (overlap 0.5): about (1 / (1 - 0.5))^2 = 4x the pixels decoded
+        if (vae_tile > 0) per_eval *= 4.0;
+        return load + m.evals * per_eval;
+    }
+
+    /// Host RAM a plan holds during its stage.
+    uint64_t ram_of(const ModulePlan& p) const {
+        uint64_t r = p.host_bytes;
+        for (auto& u : p.devices)
+            if (const FitDevice* d = device(u.device); d && d->is_cpu()) r += u.total();
+        return r;
+    }
+
+    /// Largest single buffer the runtime allocates for `p` on each device that exceeds the
+    /// device's max allocation; "" when every buffer fits. (Parameters and compute buffers are
+    /// split by ggml into buffers of at most the max size; slots and state buffers are one
+    /// buffer each: runtime/sequence_runner.cpp.)
+    std::string alloc_violation(const ModulePlan& p) const {
+        for (size_t i = 0; i < p.segments.size(); ++i) {
+            const Segment& s = p.segments[i];
+            const FitDevice* d = device(s.device);
+            if (!d || d->max_alloc == 0) continue;
+            if (s.per_eval && s.param_bytes + kSlack > d->max_alloc)
+                return fmt::format("a {:.0f} MiB streaming slot exceeds {}'s {:.0f} MiB max allocation", mib(s.param_bytes + kSlack), d->name,
+                                   mib(d->max_alloc));
+            if (i + 1 < p.segments.size() && p.segments[i + 1].device == s.device && s.state_bytes + kSlack > d->max_alloc)
+                return fmt::format("a {:.0f} MiB state buffer exceeds {}'s {:.0f} MiB max allocation", mib(s.state_bytes + kSlack), d->name,
+                                   mib(d->max_alloc));
+        }
+        return "";
+    }
+
+    /// Plans `place` with plan_module; on a max-allocation violation lowers the budget of the
+    /// offending device (smaller segments) up to 24 times. Records a shortfall on failure.
+    std::optional<Candidate> evaluate(const FitModule& m, Tier tier, ModulePlacement place, bool stream, const ModuleCosts& costs,
+                                      int vae_tile, Shortfall& sf, const std::string& what) const {
+        std::map<std::string, uint64_t> budgets = budgets_;
+        std::map<std::string, uint64_t> caps;
+        for (int attempt = 0; attempt < 24; ++attempt) {
+            ModulePlan p;
+            try {
+                p = plan_module(m.module, place, stream, costs, budgets);
+            } catch (const Error& e) {
+                if (e.kind() != ErrorKind::OutOfMemory) throw;
+                note_shortfall(m, place, stream, costs, sf, what);
+                return std::nullopt;
+            }
+            const std::string viol = alloc_violation(p);
+            if (!viol.empty()) {
+                // the device whose slot/state is too big: lower its budget by a sixth and retry
+                bool lowered = false;
+                for (auto& s : p.segments) {
+                    const FitDevice* d = device(s.device);
+                    if (!d || d->max_alloc == 0 || d->is_cpu()) continue;
+                    if ((s.per_eval && s.param_bytes + kSlack > d->max_alloc) || s.state_bytes + kSlack > d->max_alloc) {
+                        uint64_t cur = budgets.count(d->name) ? budgets[d->name] : d->budget;
+                        uint64_t used = 0;
+                        for (auto& u : p.devices)
+                            if (u.device == d->name) used = u.total();
+                        uint64_t next = std::min(cur, used) / 6 * 5;
+                        // a --max-vram cap is written in GiB with 4 decimals: round down to what the flag can say
+                        next = (uint64_t)(std::floor((double)(next + d->headroom) / kGiB * 1e4) / 1e4 * kGiB) - d->headroom;
+                        budgets[d->name] = caps[d->name] = next;
+                        lowered = true;
+                        break;
+                    }
+                }
+                if (!lowered) {
+                    record(sf, Shortfall{1, 0, 0, 0, 0, p.segments.empty() ? "" : p.segments[0].device, what + ": " + viol, false});
+                    return std::nullopt;
+                }
+                continue;
+            }
+            Candidate c;
+            c.tier = tier;
+            c.place = std::move(place);
+            c.stream = stream;
+            c.plan = std::move(p);
+            c.vae_tile = vae_tile;
+            c.seconds = seconds(m, c.plan, vae_tile);
+            c.ram = ram_of(c.plan);
+            c.caps = std::move(caps);
+            c.note = what;
+            if (ram_budget() > 0 && c.ram > ram_budget()) {
+                Shortfall s;
+                s.bytes = c.ram - ram_budget();
+                s.need = c.ram;
+                s.have = ram_budget();
+                s.params = c.plan.host_bytes;
+                s.compute = c.ram - c.plan.host_bytes;
+                s.where = "host RAM";
+                s.what = what;
+                s.ram = true;
+                record(sf, s);
+                return std::nullopt;
+            }
+            return c;
+        }
+        record(sf, Shortfall{1, 0, 0, 0, 0, "", what + ": no segmentation respects the max allocation", false});
+        return std::nullopt;
+    }
+
+    static void record(Shortfall& best, const Shortfall& s) {
+        if (s.bytes < best.bytes) best = s;
+    }
+
+    /// The smallest need of a failed candidate against its budget (for the message).
+    void note_shortfall(const FitModule& m, const ModulePlacement& place, bool stream, const ModuleCosts& c, Shortfall& sf,
+                        const std::string& what) const {
+        const int n = (int)c.block_bytes.size();
+        const uint64_t params = total_params(c);
+        uint64_t have = 0;
+        for (auto& d : place.devices) {
+            auto it = budgets_.find(d);
+            have += it == budgets_.end() ? 0 : it->second;
+        }
+        uint64_t comp = c.measure(0, n, true, true, place.devices[0]);
+        uint64_t need_params = params, need_comp = comp;
+        if (n > 0 && (stream || !place.params.empty())) {
+            // streamed / segmented: two slots of the largest block beside a single-block compute buffer
+            uint64_t blk = *std::max_element(c.block_bytes.begin(), c.block_bytes.end());
+            uint64_t one = 0;
+            for (int i = 0; i < n; ++i) one = std::max(one, c.measure(i, i + 1, i == 0, i == n - 1, place.devices[0]));
+            if (!place.params.empty() && place.params != kDisk) {
+                need_params = 2 * (blk + kSlack);
+                need_comp = one;
+            }
+        } else if (place.devices.size() > 1) {
+            need_comp = comp;  // a device's share of the graph: at most the whole one
+        }
+        Shortfall s;
+        s.need = need_params + need_comp;
+        s.have = have;
+        s.bytes = s.need > have ? s.need - have : 0;
+        s.params = need_params;
+        s.compute = need_comp;
+        s.where = place.devices.size() == 1 ? place.devices[0] : "the devices " + fmt::format("{}", fmt::join(place.devices, "&"));
+        s.what = what;
+        (void)m;
+        record(sf, s);
+    }
+
+private:
+    const FitRequest& req_;
+    const FitDevice* cpu_ = nullptr;
+    std::vector<const FitDevice*> accels_;
+    std::map<std::string, uint64_t> budgets_;
+};
+
+bool multi_device_ok(PModule m) { return m == PModule::Diffusion || m == PModule::Te; }
+
+std::string join_devices(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, "&")); }
+
+std::string describe_candidate(const Candidate& c) {
+    std::string where = join_devices(c.place.devices);
+    std::string s;
+    switch (c.tier) {
+        case Tier::Resident:
+        case Tier::TimeShared: s = fmt::format("whole on {}", where); break;
+        case Tier::HostStreamed: {
+            int per = 0;
+            for (auto& g : c.plan.segments) per += g.per_eval;
+            s = fmt::format("on {}, weights in host RAM, {} of {} segment(s) uploaded per evaluation", where, per, c.plan.segments.size());
+            break;
+        }
+        case Tier::LayerSplit: s = fmt::format("layer split over {}", where); break;
+        case Tier::Disk: s = fmt::format("on {}, weights read from disk per phase", where); break;
+        case Tier::Cpu: s = "on the CPU, weights in host RAM"; break;
+    }
+    if (c.vae_tile > 0) s += fmt::format(", tiled decode ({}x{} latent cells)", c.vae_tile, c.vae_tile);
+    return s;
+}
+
+/// Suggestion for the smallest shortfall: lower resolution, a quantised --type, or more memory.
+std::string cheapest_change(const Shortfall& s, const FitModule& m, const FitJob& job) {
+    const double sf = (double)s.bytes;
+    // the image-dependent part scales about with the pixel count
+    std::string res;
+    if (s.compute > 0 && (double)s.compute > sf) {
+        const double f = std::sqrt(((double)s.compute - sf) / (double)s.compute);
+        const int w = (int)(job.width * f) / 64 * 64, h = (int)(job.height * f) / 64 * 64;
+        if (w >= 64 && h >= 64) res = fmt::format("a lower resolution (about {}x{} instead of {}x{})", w, h, job.width, job.height);
+        if (w >= job.width * 3 / 4 && h >= job.height * 3 / 4 && !res.empty()) return res;
+    }
+    // weights: q8_0 = 34 bytes per 32 weights, q4_0 = 18 per 32 (ggml block sizes)
+    const uint64_t params = total_params(m.costs);
+    if (s.params > 0 && params > 0) {
+        const double cur = m.param_count > 0 ? (double)params / (double)m.param_count : 2.0;  // unknown: assume f16
+        for (auto [name, bpw] : {std::pair{"q8_0", 34.0 / 32.0}, std::pair{"q4_0", 18.0 / 32.0}}) {
+            if (bpw >= cur) continue;
+            const double saved = (double)s.params * (1.0 - bpw / cur);
+            if (saved >= sf)
+                return fmt::format("a quantised --type {} ({} weights {:.0f} -> about {:.0f} MiB)", name, pmodule_name(m.module), mib(params),
+                                   mib(params) * bpw / cur);
+        }
+    }
+    if (!res.empty()) return res;
+    return s.ram ? fmt::format("{:.0f} MiB more host RAM", mib(s.bytes)) : fmt::format("{:.0f} MiB more memory on {}", mib(s.bytes), s.where);
+}
+
+std::string fmt_gib(double g) {
+    std::string s = fmt::format("{:.4f}", g);
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s;
+}
+
+}  // namespace
+
+const char* tier_name(Tier t) {
+    switch (t) {
+        case Tier::Resident: return "resident";
+        case Tier::TimeShared: return "time-shared";
+        case Tier::HostStreamed: return "host-streamed";
+        case Tier::LayerSplit: return "layer split";
+        case Tier::Disk: return "disk";
+        case Tier::Cpu: return "CPU";
+    }
+    return "?";
+}
+
+std::vector<ModulePlan> FitResult::plans() const {
+    std::vector<ModulePlan> v;
+    for (auto& c : choices) v.push_back(c.plan);
+    return v;
+}
+
+namespace {
+
+/// One planning pass over `req` (whose budgets already include `fixed` caps); the caps a
+/// candidate needed beyond them are returned in `new_caps`.
+FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>& fixed, std::map<std::string, uint64_t>& new_caps) {
+    Planner P(req);
+    FitResult out;
+    const size_t nm = req.modules.size();
+    for (size_t i = 0; i < kModuleCount; ++i)
+        for (auto& d : req.pinned_devices[i])
+            if (!P.device(d)) fail(ErrorKind::InvalidInput, "--auto-fit: {} is pinned to {}, which is not among the devices", pmodule_name((PModule)i), d);
+
+    std::vector<std::vector<Candidate>> cands(nm);  // per module: the candidates of its best tier
+    std::vector<Shortfall> shorts(nm);
+    std::vector<std::vector<Candidate>> whole(nm);  // single-accelerator device-resident candidates (tier 1 input)
+
+    for (size_t k = 0; k < nm; ++k) {
+        const FitModule& m = req.modules[k];
+        const auto& pin_dev = req.pinned_devices[(size_t)m.module];
+        const auto& pin_par = req.pinned_params[(size_t)m.module];
+        const char* mn = pmodule_name(m.module);
+        const bool pinned_cpu = pin_dev.size() == 1 && P.device(pin_dev[0])->is_cpu();
+        auto params_ok = [&](const std::string& v) { return !pin_par || *pin_par == v || (v != kDisk && !pin_par->empty() && !v.empty()); };
+        auto host_loc = [&]() { return pin_par && !pin_par->empty() && *pin_par != kDisk ? *pin_par : std::string(P.cpu() ? P.cpu()->name : "CPU"); };
+        // single devices the module may run on (pinned: that one; else every accelerator, fastest first)
+        std::vector<std::string> singles;
+        if (pin_dev.size() == 1) {
+            if (!pinned_cpu) singles.push_back(pin_dev[0]);
+        } else if (pin_dev.empty()) {
+            for (auto* d : P.accels()) singles.push_back(d->name);
+        }
+        auto best_of = [](std::vector<Candidate>& v) {
+            std::stable_sort(v.begin(), v.end(), [](const Candidate& a, const Candidate& b) { return a.seconds < b.seconds; });
+        };
+        for (int tier = 2; tier <= 6 && cands[k].empty(); ++tier) {
+            std::vector<Candidate> got;
+            switch ((Tier)tier) {
+                case Tier::TimeShared:
+                    if (!params_ok("")) break;
+                    for (auto& d : singles) {
+                        ModulePlacement pl{{d}, "", SplitMode::Layer};
+                        if (auto c = P.evaluate(m, Tier::TimeShared, pl, false, m.costs, 0, shorts[k], fmt::format("{} whole on {}", mn, d))) {
+                            whole[k].push_back(*c);
+                            got.push_back(std::move(*c));
+                        } else if (m.module == PModule::Vae && m.measure_tile) {
+                            // tiled decode, largest tile that fits
+                            for (int t : {128, 96, 64, 48, 32, 24, 16}) {
+                                if (t >= std::max(m.latent_w, m.latent_h)) continue;
+                                ModuleCosts tc = m.costs;
+                                auto mt = m.measure_tile;
+                                tc.measure = [mt, t](int, int, bool, bool, const std::string& dev) { return mt(t, dev); };
+                                if (auto c2 = P.evaluate(m, Tier::TimeShared, pl, false, tc, t, shorts[k],
+                                                         fmt::format("{} on {} tiled {}x{}", mn, d, t, t))) {
+                                    got.push_back(std::move(*c2));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    break;
+                case Tier::HostStreamed:
+                    if (pin_par && (pin_par->empty() || *pin_par == kDisk)) break;
+                    for (auto& d : singles) {
+                        ModulePlacement pl{{d}, host_loc(), SplitMode::Layer};
+                        const bool stream = m.module == PModule::Diffusion;
+                        if (auto c = P.evaluate(m, Tier::HostStreamed, pl, stream, m.costs, 0, shorts[k],
+                                                fmt::format("{} on {} streamed from host RAM", mn, d)))
+                            got.push_back(std::move(*c));
+                    }
+                    break;
+                case Tier::LayerSplit: {
+                    if (!multi_device_ok(m.module) || !params_ok("")) break;
+                    std::vector<std::vector<std::string>> sets;
+                    if (pin_dev.size() > 1) sets.push_back(pin_dev);
+                    else if (pin_dev.empty()) {
+                        // every subset of 2..4 accelerators, in speed order
+                        const auto& A = P.accels();
+                        const int na = (int)A.size();
+                        for (int mask = 1; mask < (1 << std::min(na, 8)); ++mask) {
+                            int bits = __builtin_popcount((unsigned)mask);
+                            if (bits < 2 || bits > 4) continue;
+                            std::vector<std::string> s;
+                            for (int i = 0; i < na; ++i)
+                                if (mask & (1 << i)) s.push_back(A[(size_t)i]->name);
+                            sets.push_back(s);
+                        }
+                    }
+                    for (auto& s : sets) {
+                        if ((int)s.size() > std::max<int>(1, (int)m.costs.block_bytes.size())) continue;
+                        ModulePlacement pl{s, pin_par ? *pin_par : "", SplitMode::Layer};
+                        if (auto c = P.evaluate(m, Tier::LayerSplit, pl, false, m.costs, 0, shorts[k],
+                                                fmt::format("{} layer split over {}", mn, join_devices(s))))
+                            got.push_back(std::move(*c));
+                    }
+                    break;
+                }
+                case Tier::Disk:
+                    if (!params_ok(kDisk)) break;
+                    for (auto& d : singles) {
+                        ModulePlacement pl{{d}, kDisk, SplitMode::Layer};
+                        if (auto c = P.evaluate(m, Tier::Disk, pl, false, m.costs, 0, shorts[k], fmt::format("{} on {} from disk", mn, d)))
+                            got.push_back(std::move(*c));
+                    }
+                    break;
+                case Tier::Cpu:
+                    if (!P.cpu() || (!pin_dev.empty() && !pinned_cpu)) break;
+                    {
+                        ModulePlacement pl{{P.cpu()->name}, "", SplitMode::Layer};
+                        if (auto c = P.evaluate(m, Tier::Cpu, pl, false, m.costs, 0, shorts[k], fmt::format("{} on the CPU", mn)))
+                            got.push_back(std::move(*c));
+                    }
+                    break;
+                default: break;
+            }
+            best_of(got);
+            cands[k] = std::move(got);
+        }
+        if (cands[k].empty()) {
+            const Shortfall& s = shorts[k];
+            if (s.need == 0)
+                fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; try a quantised --type or other devices", mn,
+                     s.what.empty() ? "no device can run it" : s.what);
+            fail(ErrorKind::OutOfMemory,
+                 "--auto-fit: nothing fits {}: the closest plan ({}) needs {:.0f} MiB of {} but {:.0f} MiB are available (short {:.0f} MiB); "
+                 "cheapest change: {}",
+                 mn, s.what, mib(s.need), s.where, mib(s.have), mib(s.bytes), cheapest_change(s, m, req.job));
+        }
+    }
+
+    // Tier 1: every module whole on an accelerator, all loaded at once (sums per device fit)
+    std::vector<int> pick(nm, 0);
+    bool tier1 = nm > 0;
+    for (size_t k = 0; k < nm; ++k) tier1 &= !whole[k].empty() && cands[k][0].tier == Tier::TimeShared && cands[k][0].vae_tile == 0;
+    if (tier1) {
+        std::vector<int> cur(nm, 0), best;
+        double best_t = 1e300;
+        std::map<std::string, uint64_t> use;
+        std::function<void(size_t, double)> rec = [&](size_t k, double t) {
+            if (t >= best_t) return;
+            if (k == nm) {
+                best_t = t;
+                best = cur;
+                return;
+            }
+            for (size_t i = 0; i < whole[k].size(); ++i) {
+                const Candidate& c = whole[k][i];
+                const std::string& d = c.place.devices[0];
+                const uint64_t need = c.plan.devices[0].total();
+                const uint64_t budget = P.device(d)->budget;
+                if (use[d] + need > budget) continue;
+                use[d] += need;
+                cur[k] = (int)i;
+                rec(k + 1, t + c.seconds);
+                use[d] -= need;
+            }
+        };
+        rec(0, 0.0);
+        if (best.empty()) tier1 = false;
+        else
+            for (size_t k = 0; k < nm; ++k) {
+                cands[k] = {whole[k][(size_t)best[k]]};
+                cands[k][0].tier = Tier::Resident;
+            }
+    }
+
+    // assemble
+    out.tier = Tier::Resident;
+    PlacementFlags& f = out.flags;
+    std::string backend, params;
+    std::map<std::string, uint64_t> caps = fixed;
+    for (size_t k = 0; k < nm; ++k) {
+        const FitModule& m = req.modules[k];
+        const Candidate& c = cands[k][0];
+        FitChoice ch;
+        ch.module = m.module;
+        ch.tier = c.tier;
+        ch.plan = c.plan;
+        ch.seconds = c.seconds;
+        ch.vae_tile = c.vae_tile;
+        out.choices.push_back(ch);
+        out.tier = std::max(out.tier, c.tier);
+        out.seconds += c.seconds;
+        const char* mn = pmodule_name(m.module);
+        backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(c.place.devices));
+        if (!c.place.params.empty()) params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, c.place.params);
+        if (c.stream) f.stream_layers = true;
+        if (c.vae_tile > 0) out.vae_tile = c.vae_tile;
+        for (auto& [d, b] : c.caps) {
+            caps[d] = caps.count(d) ? std::min(caps[d], b) : b;
+            new_caps[d] = caps[d];
+        }
+        // reasons
+        const bool pinned = !req.pinned_devices[(size_t)m.module].empty() || req.pinned_params[(size_t)m.module].has_value();
+        std::string why;
+        switch (c.tier) {
+            case Tier::Resident: why = "every module fits on the accelerators at once"; break;
+            case Tier::TimeShared:
+                why = c.vae_tile > 0 ? "the whole decode does not fit; the largest tile that fits"
+                                     : tier1 ? "" : "fits its device during its own stage (the pipeline frees each module after its stage)";
+                break;
+            case Tier::HostStreamed: why = "does not fit any single device whole; host RAM holds the weights"; break;
+            case Tier::LayerSplit: why = "fits neither one device nor host RAM streaming; split by layers"; break;
+            case Tier::Disk: why = "weights read from the file per phase"; break;
+            case Tier::Cpu: why = "no accelerator can hold it"; break;
+        }
+        uint64_t peak = 0;
+        for (auto& u : c.plan.devices) peak = std::max(peak, u.total());
+        out.reasons.push_back(fmt::format("{}: tier {} ({}): {}{}{}; predicted {:.0f} MiB, {:.2f} s{}", mn, (int)c.tier, tier_name(c.tier),
+                                          describe_candidate(c), why.empty() ? "" : " - ", why, mib(peak), c.seconds,
+                                          pinned ? " (kept your --backend/--params-backend entry)" : ""));
+        if (cands[k].size() > 1)
+            out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
+                                              cands[k].size() - 1, describe_candidate(cands[k][1]), cands[k][1].seconds));
+    }
+    if (out.tier == Tier::Resident) out.reasons.insert(out.reasons.begin(), "tier 1: everything resident on the accelerators at once");
+    else
+        out.reasons.insert(out.reasons.begin(), fmt::format("tier {} ({}): not everything is resident at once; each module takes its best tier",
+                                                            (int)out.tier, tier_name(out.tier)));
+    // predicted peaks: sum over modules for tier 1 (all loaded), else max over stages
+    for (auto& c : out.choices) {
+        std::map<std::string, uint64_t> here;
+        for (auto& u : c.plan.devices) here[u.device] += u.total();
+        if (c.plan.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += c.plan.host_bytes;
+        for (auto& [d, b] : here)
+            out.predicted_peak[d] = out.tier == Tier::Resident ? out.predicted_peak[d] + b : std::max(out.predicted_peak[d], b);
+    }
+
+    f.backend = backend;
+    f.params_backend = params;
+    f.headroom = req.headroom;
+    f.max_vram = req.max_vram;
+    for (auto& [d, b] : caps) {
+        const FitDevice* dev = P.device(d);
+        f.max_vram += fmt::format("{}{}={}", f.max_vram.empty() ? "" : ",", d, fmt_gib((double)(b + dev->headroom) / kGiB));
+    }
+    std::string line = fmt::format("--backend \"{}\"", f.backend);
+    if (!f.params_backend.empty()) line += fmt::format(" --params-backend \"{}\"", f.params_backend);
+    if (f.stream_layers) line += " --stream-layers";
+    if (!f.max_vram.empty()) line += fmt::format(" --max-vram \"{}\"", f.max_vram);
+    if (!f.headroom.empty()) line += fmt::format(" --headroom \"{}\"", f.headroom);
+    if (out.vae_tile > 0) line += fmt::format(" --vae-tiling --vae-tile-size {}x{}", out.vae_tile, out.vae_tile);
+    out.flags_line = line;
+    for (auto& [d, b] : fixed)
+        out.reasons.push_back(fmt::format("{}: budget capped at {:.0f} MiB for every module (a --max-vram cap applies to the whole job) "
+                                          "so that no slot or state buffer exceeds its {:.0f} MiB max allocation",
+                                          d, mib(b), mib(P.device(d)->max_alloc)));
+    return out;
+}
+
+}  // namespace
+
+FitResult auto_fit(const FitRequest& req) {
+    // A budget lowered for one module's max-allocation limit is a --max-vram cap, which the
+    // runtime applies to every module on that device: plan again under the caps until none is new.
+    FitRequest cur = req;
+    std::map<std::string, uint64_t> caps;
+    for (int pass = 0; pass < 4; ++pass) {
+        std::map<std::string, uint64_t> fresh;
+        FitResult r = fit_once(cur, caps, fresh);
+        if (fresh.empty()) return r;
+        for (auto& [d, b] : fresh) {
+            caps[d] = b;
+            for (auto& dev : cur.devices)
+                if (dev.name == d) dev.budget = std::min(dev.budget, b);
+        }
+    }
+    fail(ErrorKind::OutOfMemory, "--auto-fit: no plan keeps every buffer within the devices' max allocation sizes; try a quantised --type");
+}
+
+std::string format_fit(const FitResult& r) {
+    std::string s = fmt::format("auto-fit plan (tier {}, {}), predicted {:.2f} s; as explicit flags:\n  {}\n", (int)r.tier, tier_name(r.tier), r.seconds,
+                                r.flags_line);
+    for (auto& l : r.reasons) s += "  " + l + "\n";
+    s += format_plan(r.plans());
+    s += fmt::format("{:<24} {:>14}\n", "device", "peak MiB");
+    for (auto& [d, b] : r.predicted_peak) s += fmt::format("{:<24} {:>14.1f}\n", d, mib(b));
+    return s;
+}
+
+// --------------------------------------------------------------------------------------------
+
+MeasureCache::MeasureCache(std::filesystem::path dir, const std::vector<std::string>& key_parts) {
+    if (dir.empty()) return;
+    file_ = dir / "autofit" / (pipeline::cache_key(key_parts) + ".json");
+    std::error_code ec;
+    if (!std::filesystem::exists(file_, ec)) return;
+    try {
+        std::ifstream in(file_);
+        auto j = nlohmann::json::parse(in);
+        for (auto& [k, v] : j.items()) entries_[k] = v.get<uint64_t>();
+    } catch (const std::exception& e) {
+        log::warn("auto-fit: ignoring an unreadable measurement cache {} ({})", file_.string(), e.what());
+        entries_.clear();
+    }
+}
+
+MeasureCache::~MeasureCache() { flush(); }
+
+void MeasureCache::flush() {
+    if (!dirty_ || file_.empty()) return;
+    try {
+        std::filesystem::create_directories(file_.parent_path());
+        nlohmann::json j = nlohmann::json::object();
+        for (auto& [k, v] : entries_) j[k] = v;
+        const auto tmp = file_.string() + ".tmp";
+        {
+            std::ofstream o(tmp);
+            o << j.dump();
+            if (!o) throw std::runtime_error("write failed");
+        }
+        std::filesystem::rename(tmp, file_);
+        dirty_ = false;
+    } catch (const std::exception& e) {
+        log::warn("auto-fit: cannot write the measurement cache {} ({})", file_.string(), e.what());
+    }
+}
+
+std::function<uint64_t(int, int, bool, bool, const std::string&)> MeasureCache::wrap(
+    std::function<uint64_t(int, int, bool, bool, const std::string&)> measure) {
+    return [this, measure](int b, int e, bool p, bool ep, const std::string& dev) -> uint64_t {
+        const std::string k = fmt::format("{},{},{},{},{}", b, e, (int)p, (int)ep, dev);
+        if (auto it = entries_.find(k); it != entries_.end()) {
+            ++hits_;
+            return it->second;
+        }
+        ++misses_;
+        const uint64_t v = measure(b, e, p, ep, dev);
+        entries_[k] = v;
+        dirty_ = true;
+        return v;
+    };
+}
+
+std::function<uint64_t(int, const std::string&)> MeasureCache::wrap_tile(std::function<uint64_t(int, const std::string&)> measure) {
+    return [this, measure](int t, const std::string& dev) -> uint64_t {
+        const std::string k = fmt::format("tile{},{}", t, dev);
+        if (auto it = entries_.find(k); it != entries_.end()) {
+            ++hits_;
+            return it->second;
+        }
+        ++misses_;
+        const uint64_t v = measure(t, dev);
+        entries_[k] = v;
+        dirty_ = true;
+        return v;
+    };
+}
+
+double measure_h2d_bandwidth(ggml_backend_dev_t dev, size_t bytes) {
+    if (!dev || bytes == 0) return 0;
+    ggml_init_params ip{ggml_tensor_overhead() * 2, nullptr, true};
+    ggml_context* ctx = ggml_init(ip);
+    if (!ctx) return 0;
+    ggml_tensor* t = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)bytes);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(dev));
+    double best = 0;
+    if (buf) {
+        std::vector<uint8_t> host(bytes, 1);
+        for (int i = 0; i < 3; ++i) {
+            auto t0 = std::chrono::steady_clock::now();
+            ggml_backend_tensor_set(t, host.data(), 0, bytes);
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (dt > 0) best = std::max(best, (double)bytes / dt);
+        }
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return best;
+}
+
+}  // namespace easel::placement

@@ -1,0 +1,162 @@
+// --auto-fit: a planner that places every module of a job from measured sizes, explains its
+// choices, and never plans a run that would run out of memory (docs/placement.md "--auto-fit").
+//
+// It is pure: it gets, per module, the placement::ModuleCosts (parameter bytes per block after
+// --type, a callback measuring the compute buffer of any block range at the job's shapes with
+// ggml's graph allocator), and per device its budget, largest single allocation and
+// host-to-device bandwidth. It enumerates candidate placements tier by tier, asks
+// placement::plan_module (the same planner the runtime executes) for each candidate's segments
+// and predicted bytes, and keeps the first tier with a feasible candidate for each module;
+// within a tier the candidate with the least predicted time wins.
+//
+// Tiers, in order of preference:
+//   1 resident      every module whole on an accelerator, all of them loaded at once;
+//   2 time-shared   every module whole on an accelerator during its own stage (the pipeline
+//                   loads te, then diffusion, then vae, freeing each after its stage); a VAE
+//                   decode that does not fit whole is tiled here, with the largest tile that fits;
+//   3 host-streamed weights in host RAM, uploaded to the accelerator per evaluation (diffusion:
+//                   --stream-layers, leading blocks resident; others: --max-vram segments);
+//   4 layer split   contiguous block ranges over several accelerators, balanced by budget;
+//   5 disk          weights read from the model file onto the accelerator per phase;
+//   6 CPU           the module runs on the CPU, weights in host RAM.
+// The job's tier is the worst of its modules' tiers (stages are independent because the
+// pipeline time-shares them; only tier 1 looks at all modules together).
+//
+// Cost model (predicted seconds of a candidate, per module):
+//   load:     resident bytes / disk bandwidth (Device, Disk) or / host-to-device bandwidth (Host staged)
+//   per eval: bytes uploaded per evaluation (streamed segments) / host-to-device bandwidth
+//           + state bytes crossing devices x (1/bw(from) + 1/bw(to))
+//           + flops_per_eval x (share of the module's parameters on the device) / device FLOP/s
+//   total = load + evals x per eval.
+#pragma once
+
+#include "placement/plan.h"
+#include "placement/spec.h"
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace easel::placement {
+
+/// One device the planner may use. The CPU (type "cpu") stands for host RAM: its budget is the
+/// host RAM the job may use (weights held for streaming count against it too).
+struct FitDevice {
+    std::string name;              ///< ggml device name ("CUDA0", "RPC0[127.0.0.1:50052]", "CPU")
+    std::string type = "gpu";      ///< "cpu", "gpu", "igpu", "accel"
+    uint64_t budget = 0;           ///< bytes one stage may use (after --max-vram, --headroom, free memory); 0 = none usable
+    uint64_t max_alloc = 0;        ///< largest single buffer (ggml_backend_buft_get_max_size); 0 = unlimited
+    double h2d_bytes_per_s = 0;    ///< host-to-device bandwidth in bytes/s (measured or estimated); 0 = default by type
+    double flops = 0;              ///< compute throughput in FLOP/s; 0 = default by type (gpu 2e13, cpu 2e11)
+    /// The user's --headroom for this device in bytes (already subtracted from `budget`); used
+    /// only to write a --max-vram cap that reproduces a budget the planner lowered.
+    uint64_t headroom = 0;
+    bool is_cpu() const { return type == "cpu"; }
+};
+
+/// One module of the job.
+struct FitModule {
+    PModule module = PModule::Diffusion;
+    ModuleCosts costs;             ///< per-block parameter bytes + compute-buffer measurements at the job's shapes
+    double evals = 1;              ///< evaluations in the job (diffusion: steps x (CFG ? 2 : 1) x batch)
+    double flops_per_eval = 0;     ///< FLOPs of one evaluation; 0 = parameter bytes (relative figure)
+    uint64_t param_count = 0;      ///< weights in the module (for the --type suggestion); 0 = unknown
+    /// VAE only: compute-buffer bytes of decoding one tile of `tile` x `tile` latent cells on
+    /// `device` (measured like ModuleCosts::measure); empty = tiling cannot be planned.
+    std::function<uint64_t(int tile, const std::string& device)> measure_tile;
+    int latent_w = 0, latent_h = 0;  ///< VAE: the job's latent size in cells (tiles only when smaller)
+};
+
+/// The job's shapes (for the report and the suggestions).
+struct FitJob {
+    int width = 512, height = 512;  ///< image pixels
+    int batch = 1, steps = 20;
+    bool cfg = true;
+};
+
+/// Preference tiers (see the file comment).
+enum class Tier { Resident = 1, TimeShared = 2, HostStreamed = 3, LayerSplit = 4, Disk = 5, Cpu = 6 };
+/// "resident", "time-shared", "host-streamed", "layer split", "disk", "CPU".
+const char* tier_name(Tier t);
+
+/// Everything the planner needs.
+struct FitRequest {
+    std::vector<FitDevice> devices;  ///< candidate devices, any order (the CPU among them, or absent)
+    std::vector<FitModule> modules;
+    FitJob job;
+    /// Explicit user entries, kept as given: --backend MODULE=DEV[&DEV] (non-empty = pinned) and
+    /// --params-backend MODULE=LOC ("" = on the runtime device, a device name = host RAM, "disk").
+    std::array<std::vector<std::string>, kModuleCount> pinned_devices;
+    std::array<std::optional<std::string>, kModuleCount> pinned_params;
+    /// The user's --max-vram / --headroom values (copied into the flags unchanged).
+    std::string max_vram, headroom;
+    double disk_bytes_per_s = 1.0e9;  ///< model file read speed
+};
+
+/// The choice made for one module.
+struct FitChoice {
+    PModule module = PModule::Diffusion;
+    Tier tier = Tier::Resident;
+    ModulePlan plan;
+    double seconds = 0;          ///< predicted time of the module in the job
+    int vae_tile = 0;            ///< > 0: decode tiled with tiles of this many latent cells
+};
+
+/// The plan: what to run, as a spec and as flags, and why.
+struct FitResult {
+    Tier tier = Tier::Resident;           ///< the worst tier of the modules
+    std::vector<FitChoice> choices;       ///< one per module, in request order
+    PlacementFlags flags;                 ///< the equivalent explicit flags (parse_placement gives the spec)
+    std::string flags_line;               ///< the same as one command-line fragment (copy, edit, rerun)
+    int vae_tile = 0;                     ///< > 0: --vae-tiling --vae-tile-size TxT
+    std::vector<std::string> reasons;     ///< one line per decision
+    /// Predicted peak bytes per device over the job (max over stages; sum for tier 1).
+    std::map<std::string, uint64_t> predicted_peak;
+    double seconds = 0;                   ///< predicted time of the job
+    std::vector<ModulePlan> plans() const;
+};
+
+/// Plans the job. Throws Error(OutOfMemory) with one line naming the smallest shortfall among
+/// the candidates tried and the cheapest change that would fit (lower resolution, a quantised
+/// --type, more RAM / VRAM) when a module fits no tier; Error(InvalidInput) for a pinned device
+/// that is not in `devices`.
+FitResult auto_fit(const FitRequest& req);
+
+/// The report printed before a run: the flags line, the reasons and the per-device table.
+std::string format_fit(const FitResult& r);
+
+/// Compute-buffer measurements cached per shape on disk, so repeated planning of the same job
+/// does not rebuild graphs. File: <dir>/autofit/<key>.json, key = cache_key(parts) over what
+/// decides the measurement (model files, module, --type, shapes, flash attention). Entries are
+/// "b,e,p,e,device" -> bytes. I/O failures never fail a job: the cache is then skipped.
+class MeasureCache {
+public:
+    MeasureCache(std::filesystem::path dir, const std::vector<std::string>& key_parts);
+    ~MeasureCache();  ///< writes new entries
+    /// `measure` wrapped: answers from the file, else measures and remembers.
+    std::function<uint64_t(int, int, bool, bool, const std::string&)> wrap(
+        std::function<uint64_t(int, int, bool, bool, const std::string&)> measure);
+    /// The same for a VAE tile measurement.
+    std::function<uint64_t(int, const std::string&)> wrap_tile(std::function<uint64_t(int, const std::string&)> measure);
+    int hits() const { return hits_; }
+    int misses() const { return misses_; }
+    const std::filesystem::path& file() const { return file_; }
+    void flush();
+
+private:
+    std::filesystem::path file_;
+    std::map<std::string, uint64_t> entries_;
+    bool dirty_ = false;
+    int hits_ = 0, misses_ = 0;
+};
+
+/// Host-to-device bandwidth of `dev` in bytes/s: the best of three ggml_backend_tensor_set
+/// uploads of `bytes` into a buffer of the device (0 when the device cannot allocate it).
+double measure_h2d_bandwidth(ggml_backend_dev_t dev, size_t bytes = 32u << 20);
+
+}  // namespace easel::placement

@@ -1,0 +1,372 @@
+// --auto-fit planner (placement/autofit.h) on synthetic device inventories and model sizes.
+// Each test writes down the expected plan and why (the tier order of autofit.h: resident,
+// time-shared, host-streamed, layer split, disk, CPU; within a tier the least predicted time).
+#include "core/error.h"
+#include "placement/autofit.h"
+#include "placement/spec.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include <unistd.h>
+
+using namespace easel;
+using namespace easel::placement;
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20;
+constexpr uint64_t GiB = 1ull << 30;
+
+/// A module of `n` blocks of `block` bytes, `pro` bytes outside the blocks, a compute buffer of
+/// `comp` bytes for any block range (ggml's allocator reuses memory across blocks, so a range's
+/// buffer is about one block's) and `state` bytes crossing between blocks.
+FitModule module(PModule m, int n, uint64_t block, uint64_t pro, uint64_t comp, uint64_t state, double evals = 1) {
+    FitModule f;
+    f.module = m;
+    f.costs.label = pmodule_name(m);
+    f.costs.block_bytes.assign((size_t)n, block);
+    f.costs.prologue_bytes = pro;
+    f.costs.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
+    if (state) f.costs.state_bytes = [state](int) { return state; };
+    f.evals = evals;
+    return f;
+}
+
+FitDevice gpu(const std::string& name, uint64_t budget, uint64_t max_alloc = 0) {
+    FitDevice d;
+    d.name = name;
+    d.type = "gpu";
+    d.budget = budget;
+    d.max_alloc = max_alloc;
+    return d;
+}
+FitDevice cpu(uint64_t ram) {
+    FitDevice d;
+    d.name = "CPU";
+    d.type = "cpu";
+    d.budget = ram;
+    return d;
+}
+
+/// Parameter bytes of a module (blocks + the rest).
+uint64_t params(const FitModule& m) {
+    return std::accumulate(m.costs.block_bytes.begin(), m.costs.block_bytes.end(), m.costs.prologue_bytes);
+}
+
+const FitChoice& choice(const FitResult& r, PModule m) {
+    for (auto& c : r.choices)
+        if (c.module == m) return c;
+    throw std::runtime_error("no choice for module");
+}
+
+/// parse_placement(r.flags) must give back exactly the chosen devices and parameter locations.
+void expect_round_trip(const FitResult& r, const std::vector<FitDevice>& devs) {
+    std::vector<DeviceName> names;
+    for (auto& d : devs) names.push_back({d.name, d.type, false});
+    PlacementSpec spec = parse_placement(r.flags, names);
+    for (auto& c : r.choices) {
+        std::vector<std::string> want;
+        for (auto& u : c.plan.devices) want.push_back(u.device);
+        EXPECT_EQ(spec[c.module].devices, want) << pmodule_name(c.module);
+        EXPECT_EQ(spec[c.module].params, c.plan.params_location) << pmodule_name(c.module);
+    }
+}
+
+// The three modules of a FLUX-like job (sizes in the ballpark of the examples).
+std::vector<FitModule> job(uint64_t te_gib_x4, int dit_blocks, uint64_t dit_block, uint64_t vae_comp) {
+    return {module(PModule::Te, 24, te_gib_x4 * GiB / 4 / 24, 64 * MiB, 100 * MiB, 8 * MiB, 2),
+            module(PModule::Diffusion, dit_blocks, dit_block, 64 * MiB, 200 * MiB, 16 * MiB, 40),
+            module(PModule::Vae, 0, 0, 160 * MiB, vae_comp, 0, 1)};
+}
+
+}  // namespace
+
+// 24 GB card: te 4 GiB + DiT 7.06 GiB + VAE 0.16 GiB (+ compute 0.1 + 0.2 + 2 GiB) = 13.5 GiB at
+// once <= 24 GiB: tier 1, everything whole on CUDA0, loaded at once; the predicted peak is the sum.
+TEST(AutoFit, SingleLargeCardEverythingResident) {
+    FitRequest req;
+    req.devices = {cpu(64 * GiB), gpu("CUDA0", 24 * GiB)};
+    req.modules = job(16, 28, 256 * MiB, 2 * GiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::Resident);
+    for (auto& c : r.choices) {
+        EXPECT_EQ(c.tier, Tier::Resident);
+        ASSERT_EQ(c.plan.segments.size(), 1u);
+        EXPECT_EQ(c.plan.segments[0].device, "CUDA0");
+        EXPECT_EQ(c.plan.segments[0].residency, Residency::Device);
+    }
+    const uint64_t te = params(req.modules[0]) + 100 * MiB, dit = 28 * 256 * MiB + 64 * MiB + 200 * MiB, vae = 160 * MiB + 2 * GiB;
+    EXPECT_EQ(r.predicted_peak.at("CUDA0"), te + dit + vae);
+    EXPECT_EQ(r.flags.backend, "te=CUDA0,diffusion=CUDA0,vae=CUDA0");
+    EXPECT_TRUE(r.flags.params_backend.empty());
+    EXPECT_FALSE(r.flags.stream_layers);
+    expect_round_trip(r, req.devices);
+}
+
+// 6 + 6 GiB pair, 7.06 GiB DiT (28 x 256 MiB + 64 MiB), 4 GiB encoder, 32 GiB RAM.
+//  * tier 1 fails: the DiT fits neither card whole (7232 + 200 MiB > 6144 MiB);
+//  * te (4.16 GiB) fits CUDA0 during its stage: tier 2, CUDA0 (both cards equal: the first);
+//  * the DiT fits no card whole, so tier 3: weights in RAM, streamed to CUDA0. Budget 6144 MiB
+//    = k resident blocks (256 k + 64 prologue) + 2 slots of the largest streamed segment
+//    (the last block with the epilogue params: 320 MiB + 8 KiB each) + 200 compute + 2 states
+//    (16 MiB + 8 KiB each): 256 k + 64 + 640.016 + 200 + 32.016 <= 6144 -> k = 20 resident,
+//    8 blocks uploaded per evaluation; host RAM holds all 7232 MiB (< 32 GiB).
+// Tier 3 comes before layer split in the stated order of preference.
+TEST(AutoFit, SixPlusSixStreamsTheDitFromRam) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 6 * GiB), gpu("CUDA1", 6 * GiB)};
+    req.modules = job(16, 28, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::HostStreamed);
+    EXPECT_EQ(choice(r, PModule::Te).tier, Tier::TimeShared);
+    EXPECT_EQ(choice(r, PModule::Te).plan.devices[0].device, "CUDA0");
+    const FitChoice& d = choice(r, PModule::Diffusion);
+    EXPECT_EQ(d.tier, Tier::HostStreamed);
+    ASSERT_EQ(d.plan.segments.size(), 9u);  // one resident range + 8 streamed blocks
+    EXPECT_EQ(d.plan.segments[0].begin, 0);
+    EXPECT_EQ(d.plan.segments[0].end, 20);
+    EXPECT_FALSE(d.plan.segments[0].per_eval);
+    for (size_t i = 1; i < 9; ++i) EXPECT_TRUE(d.plan.segments[i].per_eval);
+    // host RAM: every block, and the non-block parameters with both the first and the last segment
+    EXPECT_EQ(d.plan.host_bytes, 28 * 256 * MiB + 2 * 64 * MiB);
+    EXPECT_LE(d.plan.devices[0].total(), 6 * GiB);
+    EXPECT_EQ(r.flags.params_backend, "diffusion=CPU");
+    EXPECT_TRUE(r.flags.stream_layers);
+    EXPECT_NE(r.flags_line.find("--stream-layers"), std::string::npos);
+    expect_round_trip(r, req.devices);
+}
+
+// Same pair with only 4 GiB of RAM: streaming would hold 7232 MiB in RAM (> 4096), so the DiT
+// goes to tier 4, layer split over CUDA0&CUDA1, balanced by the equal budgets: 14 + 14 blocks.
+TEST(AutoFit, SixPlusSixSplitsWhenRamIsShort) {
+    FitRequest req;
+    req.devices = {cpu(4 * GiB), gpu("CUDA0", 6 * GiB), gpu("CUDA1", 6 * GiB)};
+    req.modules = job(16, 28, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::LayerSplit);
+    const FitChoice& d = choice(r, PModule::Diffusion);
+    EXPECT_EQ(d.tier, Tier::LayerSplit);
+    ASSERT_EQ(d.plan.segments.size(), 2u);
+    EXPECT_EQ(d.plan.segments[0].device, "CUDA0");
+    EXPECT_EQ(d.plan.segments[0].end, 14);
+    EXPECT_EQ(d.plan.segments[1].device, "CUDA1");
+    EXPECT_EQ(d.plan.segments[1].begin, 14);
+    EXPECT_EQ(r.flags.backend, "te=CUDA0,diffusion=CUDA0&CUDA1,vae=CUDA0");
+    EXPECT_TRUE(r.flags.params_backend.empty());
+    expect_round_trip(r, req.devices);
+}
+
+// 8 GiB card whose largest single allocation is 2 GiB (Vulkan-like), 10 GiB text encoder
+// (24 x 416 MiB + 64 MiB), 32 GiB RAM. The encoder fits no card whole -> tier 3, weights in RAM
+// run as --max-vram segments (te is not streamed block by block). With the full 8 GiB budget the
+// planner's segments would hold ~4 GB of parameters each (two slots beside the compute buffer)
+// -- a slot buffer over 2 GiB, which ggml cannot allocate on this device. auto-fit lowers the
+// budget (written as a --max-vram cap) until every slot is <= 2 GiB. A --max-vram cap applies to
+// every module on the device, so the job is planned again under it: the DiT (7.06 GiB, whole it
+// would fit 8 GiB, its parameter buffers split by ggml's allocator into buffers <= 2 GiB) no
+// longer fits the cap and streams from RAM in 256 MiB blocks.
+TEST(AutoFit, EightGbWithTwoGbMaxAllocation) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("Vulkan0", 8 * GiB, 2 * GiB)};
+    req.modules = {module(PModule::Te, 24, 416 * MiB, 64 * MiB, 100 * MiB, 8 * MiB, 2),
+                   module(PModule::Diffusion, 28, 256 * MiB, 64 * MiB, 200 * MiB, 16 * MiB, 40),
+                   module(PModule::Vae, 0, 0, 160 * MiB, 300 * MiB, 0, 1)};
+    FitResult r = auto_fit(req);
+    const FitChoice& te = choice(r, PModule::Te);
+    EXPECT_EQ(te.tier, Tier::HostStreamed);
+    int per_eval = 0;
+    for (auto& s : te.plan.segments) {
+        EXPECT_TRUE(s.per_eval);
+        EXPECT_LE(s.param_bytes + (8 << 10), 2 * GiB) << s.begin << "-" << s.end;
+        per_eval += s.per_eval;
+    }
+    EXPECT_GE(per_eval, 5);  // 10 GiB in slots of <= 2 GiB
+    const FitChoice& dit = choice(r, PModule::Diffusion);
+    EXPECT_EQ(dit.tier, Tier::HostStreamed);
+    for (auto& s : dit.plan.segments)
+        if (s.per_eval) EXPECT_LE(s.param_bytes + (8 << 10), 2 * GiB);
+    EXPECT_NE(r.flags.max_vram.find("Vulkan0="), std::string::npos);
+    // the cap written in the flags reproduces the plan: the runtime planner under that budget
+    std::vector<DeviceName> names{{"CPU", "cpu", false}, {"Vulkan0", "gpu", false}};
+    PlacementSpec spec = parse_placement(r.flags, names);
+    ASSERT_TRUE(spec.max_vram_gib.count("Vulkan0"));
+    const uint64_t cap = (uint64_t)(spec.max_vram_gib.at("Vulkan0") * (double)GiB);
+    EXPECT_LE(dit.plan.devices[0].total(), cap);
+    EXPECT_LT(cap, 8 * GiB);
+    ModulePlan again = plan_module(PModule::Te, spec[PModule::Te], false, req.modules[0].costs, {{"Vulkan0", cap}});
+    ASSERT_EQ(again.segments.size(), te.plan.segments.size());
+    for (size_t i = 0; i < again.segments.size(); ++i) EXPECT_EQ(again.segments[i].end, te.plan.segments[i].end);
+    expect_round_trip(r, req.devices);
+}
+
+// CPU only (16 GiB RAM): no accelerator, so every module takes tier 6 on the CPU with its
+// weights in RAM; the stages time-share the RAM (peak = the largest stage, the DiT's
+// 7232 + 200 MiB).
+TEST(AutoFit, CpuOnly) {
+    FitRequest req;
+    req.devices = {cpu(16 * GiB)};
+    req.modules = job(16, 28, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::Cpu);
+    for (auto& c : r.choices) {
+        EXPECT_EQ(c.tier, Tier::Cpu);
+        EXPECT_EQ(c.plan.devices[0].device, "CPU");
+    }
+    EXPECT_EQ(r.predicted_peak.at("CPU"), 28 * 256 * MiB + 64 * MiB + 200 * MiB);
+    EXPECT_EQ(r.flags.backend, "te=CPU,diffusion=CPU,vae=CPU");
+    expect_round_trip(r, req.devices);
+}
+
+// 8 + 12 GiB pair, DiT 10.06 GiB (40 x 256 MiB + 64), te 5 GiB, VAE 0.16 GiB + 2 GiB decode.
+// Tier 1 exists: the DiT only fits the 12 GiB card (10304 + 200 = 10504 MiB <= 12288), the
+// encoder (5 GiB + 164 MiB) then only the 8 GiB card, and the VAE (2208 MiB) fits beside the
+// encoder (7372 <= 8192) but not beside the DiT (12712 > 12288). Everything resident at once.
+TEST(AutoFit, EightPlusTwelveEverythingResident) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 8 * GiB), gpu("CUDA1", 12 * GiB)};
+    req.modules = job(20, 40, 256 * MiB, 2048 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::Resident);
+    EXPECT_EQ(choice(r, PModule::Diffusion).plan.devices[0].device, "CUDA1");
+    EXPECT_EQ(choice(r, PModule::Te).plan.devices[0].device, "CUDA0");
+    EXPECT_EQ(choice(r, PModule::Vae).plan.devices[0].device, "CUDA0");
+    EXPECT_EQ(r.predicted_peak.at("CUDA1"), 40 * 256 * MiB + 64 * MiB + 200 * MiB);
+    EXPECT_EQ(r.predicted_peak.at("CUDA0"), params(req.modules[0]) + 100 * MiB + 160 * MiB + 2048 * MiB);
+    expect_round_trip(r, req.devices);
+}
+
+// A faster card wins within a tier: CUDA1 has 4x the FLOP/s of CUDA0, both hold the whole job.
+TEST(AutoFit, FastestDeviceWinsWithinTier) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 24 * GiB), gpu("CUDA1", 24 * GiB)};
+    req.devices[1].flops = 1e13;
+    req.devices[2].flops = 4e13;
+    req.modules = job(16, 28, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::Resident);
+    for (auto& c : r.choices) EXPECT_EQ(c.plan.devices[0].device, "CUDA1");
+}
+
+// RAM smaller than the model: 12 GiB card, 6 GiB RAM, te 4 GiB + DiT 9.06 GiB + VAE: the
+// whole model (13.4 GiB) fits neither the card at once nor the RAM. Weights go from the model
+// file (mapped) straight to the card, one stage at a time (tier 2): RAM is never asked to hold
+// them. An explicit --params-backend diffusion=disk is kept (tier 5: read per phase).
+TEST(AutoFit, RamSmallerThanTheModel) {
+    FitRequest req;
+    req.devices = {cpu(6 * GiB), gpu("CUDA0", 12 * GiB)};
+    req.modules = job(16, 36, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::TimeShared);
+    EXPECT_EQ(choice(r, PModule::Diffusion).plan.segments[0].residency, Residency::Device);
+    EXPECT_TRUE(r.flags.params_backend.empty());
+
+    req.pinned_params[(size_t)PModule::Diffusion] = kDisk;
+    FitResult d = auto_fit(req);
+    EXPECT_EQ(choice(d, PModule::Diffusion).tier, Tier::Disk);
+    EXPECT_EQ(choice(d, PModule::Diffusion).plan.segments[0].residency, Residency::Disk);
+    EXPECT_EQ(d.flags.params_backend, "diffusion=disk");
+    EXPECT_EQ(choice(d, PModule::Te).tier, Tier::TimeShared);  // the rest is still filled in
+    expect_round_trip(d, req.devices);
+}
+
+// Nothing fits: 8 GiB card, 6 GiB RAM, DiT 9.06 GiB in f16 (4.86 G weights). Whole on the card
+// it needs 9280 + 200 = 9480 MiB of 8192 (short 1288 MiB); streaming needs 9280 MiB of RAM
+// (short 9344 - 6144 = 3200: the non-block parameters count twice); the CPU likewise. The smallest shortfall is the card's 1288 MiB, and q8_0
+// (34/32 bytes per weight instead of 2) saves 47 % of the weights: that is the suggestion.
+TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
+    FitRequest req;
+    req.devices = {cpu(6 * GiB), gpu("CUDA0", 8 * GiB)};
+    req.modules = job(8, 36, 256 * MiB, 300 * MiB);
+    req.modules[1].param_count = (36 * 256 * MiB + 64 * MiB) / 2;
+    try {
+        auto_fit(req);
+        FAIL() << "expected OutOfMemory";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+        const std::string m = e.what();
+        EXPECT_NE(m.find("nothing fits diffusion"), std::string::npos) << m;
+        EXPECT_NE(m.find("needs 9480 MiB of CUDA0 but 8192 MiB are available (short 1288 MiB)"), std::string::npos) << m;
+        EXPECT_NE(m.find("--type q8_0"), std::string::npos) << m;
+    }
+    // with a 1.2 GiB compute buffer at 1024x1024 the smallest change is the resolution
+    req.job.width = req.job.height = 1024;
+    req.modules = job(8, 30, 256 * MiB, 300 * MiB);
+    req.modules[1].costs.measure = [](int, int, bool, bool, const std::string&) { return 1536 * MiB; };
+    req.modules[1].param_count = 0;
+    try {
+        auto_fit(req);
+        FAIL() << "expected OutOfMemory";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        // 7744 + 1536 = 9280 MiB of 8192: short 1088; 1536 - 1088 = 448 MiB of compute -> sides x 0.54 -> 512x512
+        EXPECT_NE(m.find("short 1088 MiB"), std::string::npos) << m;
+        EXPECT_NE(m.find("q8_0"), std::string::npos) << m;  // weights assumed f16: q8_0 saves 3.6 GiB, cheaper than halving the sides
+    }
+}
+
+// A VAE decode that would not fit whole is tiled up front with the largest tile that fits:
+// 6 GiB card, decode at 128x128 latent cells needs 7 GiB; tiles of t cells need t^2 x 0.25 MiB:
+// 96 -> 2304 MiB fits (the first tried below 128).
+TEST(AutoFit, VaeTilingPlannedUpFront) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 6 * GiB)};
+    req.modules = job(8, 16, 256 * MiB, 7 * GiB);
+    FitModule& vae = req.modules[2];
+    vae.latent_w = vae.latent_h = 128;
+    vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
+    FitResult r = auto_fit(req);
+    const FitChoice& v = choice(r, PModule::Vae);
+    EXPECT_EQ(v.tier, Tier::TimeShared);
+    EXPECT_EQ(v.vae_tile, 96);
+    EXPECT_EQ(v.plan.devices[0].compute, 96ull * 96 * MiB / 4);
+    EXPECT_NE(r.flags_line.find("--vae-tiling --vae-tile-size 96x96"), std::string::npos);
+}
+
+// Explicit --backend entries are kept: te pinned to the CPU stays there while the planner
+// fills in the rest (diffusion and VAE resident on the card).
+TEST(AutoFit, ExplicitEntriesAreKept) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 24 * GiB)};
+    req.modules = job(16, 28, 256 * MiB, 300 * MiB);
+    req.pinned_devices[(size_t)PModule::Te] = {"CPU"};
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(choice(r, PModule::Te).plan.devices[0].device, "CPU");
+    EXPECT_EQ(choice(r, PModule::Te).tier, Tier::Cpu);
+    EXPECT_EQ(choice(r, PModule::Diffusion).plan.devices[0].device, "CUDA0");
+    EXPECT_EQ(r.flags.backend, "te=CPU,diffusion=CUDA0,vae=CUDA0");
+    // an unknown pinned device is an error, not a silent override
+    req.pinned_devices[(size_t)PModule::Te] = {"CUDA7"};
+    EXPECT_THROW(auto_fit(req), Error);
+}
+
+// The measurement cache answers a repeated measurement from its file.
+TEST(AutoFit, MeasureCacheAnswersFromDisk) {
+    const auto dir = std::filesystem::temp_directory_path() / ("easel_autofit_cache_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    int calls = 0;
+    auto measure = [&](int b, int e, bool, bool, const std::string&) -> uint64_t {
+        ++calls;
+        return (uint64_t)(e - b) * 1000;
+    };
+    {
+        MeasureCache c(dir, {"model.safetensors", "diffusion", "64x64"});
+        auto m = c.wrap(measure);
+        EXPECT_EQ(m(0, 3, true, false, "CPU"), 3000u);
+        EXPECT_EQ(m(0, 3, true, false, "CPU"), 3000u);
+        EXPECT_EQ(calls, 1);
+    }
+    {
+        MeasureCache c(dir, {"model.safetensors", "diffusion", "64x64"});
+        auto m = c.wrap(measure);
+        EXPECT_EQ(m(0, 3, true, false, "CPU"), 3000u);
+        EXPECT_EQ(calls, 1);
+        EXPECT_EQ(c.hits(), 1);
+        MeasureCache other(dir, {"model.safetensors", "diffusion", "128x128"});  // another shape: another file
+        EXPECT_EQ(other.wrap(measure)(0, 3, true, false, "CPU"), 3000u);
+        EXPECT_EQ(calls, 2);
+    }
+    std::filesystem::remove_all(dir);
+}
