@@ -57,19 +57,23 @@ private:
 /// the measure functions build graphs with. make_inputs must own its host data (capture by
 /// value): it runs whenever the planner measures. Nothing is loaded; measuring builds graphs
 /// with stand-in parameter tensors and sizes them with ggml's graph allocator on the device
-/// named in each call. Throws as SequenceRunner's constructor.
+/// named in each call. `row_split`: the module's tensor-parallel rules (placement/row_split.h)
+/// for --split-mode row, or null. Throws as SequenceRunner's constructor.
 template <class I, class S, class O>
 ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn::Block& root, const nn::Sequence<I, S, O>& seq,
                                  const nn::TensorSource& src, nn::LoadOptions lo, int threads, bool flash_attn,
                                  typename runtime::SequenceRunner<I, S, O>::InputsFn make_inputs,
-                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label) {
+                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label,
+                                 std::shared_ptr<const RowSplitRules> row_split = nullptr) {
     using Runner = runtime::SequenceRunner<I, S, O>;
     auto runner = std::make_shared<Runner>(root, seq, src, std::move(lo), threads, flash_attn);
+    if (row_split) runner->set_row_split(std::move(row_split));
     ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
     // pair members are destroyed second first: the runner before what it points into
     auto hold = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<Runner>>>(std::move(keep), runner);
     c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
     c.state_bytes = [hold, f = c.state_bytes](int e) { return f(e); };
+    if (c.row_split_bytes) c.row_split_bytes = [hold, f = c.row_split_bytes](size_t n) { return f(n); };
     c.module = module;
     return c;
 }
@@ -156,6 +160,10 @@ public:
         phase_ = false;
         if (runner_) runner_->end_phase();
     }
+    /// --split-mode row: the module's tensor-parallel rules (placement/row_split.h), applied to
+    /// every runner made after this call (the next plan). Without rules a row split falls back to
+    /// layer split with a warning.
+    void set_row_split(std::shared_ptr<const RowSplitRules> rules) { row_rules_ = std::move(rules); }
     /// Segments whose upload overlapped the previous compute (devices with events).
     int prefetched_uploads() const { return runner_ ? runner_->prefetched_uploads() : 0; }
 
@@ -185,7 +193,11 @@ public:
     }
 
 private:
-    std::unique_ptr<Runner> make_runner() { return std::make_unique<Runner>(root_, seq_, src_, lo_, threads_, flash_); }
+    std::unique_ptr<Runner> make_runner() {
+        auto r = std::make_unique<Runner>(root_, seq_, src_, lo_, threads_, flash_);
+        if (row_rules_) r->set_row_split(row_rules_);
+        return r;
+    }
 
     nn::Block& root_;
     const Seq& seq_;
@@ -200,6 +212,7 @@ private:
     std::vector<int64_t> shape_;
     std::map<std::vector<int64_t>, ModulePlan> plans_;  // plans made so far, by shape
     bool phase_ = true;  // a phase lasts while the module is loaded
+    std::shared_ptr<const RowSplitRules> row_rules_;
     std::map<std::string, uint64_t> peaks_;
 };
 

@@ -2,6 +2,7 @@
 #include "placement/sd_unet.h"
 
 #include "core/log.h"
+#include "placement/row_split.h"
 
 namespace easel::placement {
 
@@ -23,6 +24,13 @@ std::function<UNetInputs(runtime::GraphBuilder&)> unet_inputs(const models::sd::
 }
 
 std::vector<ggml_tensor*> unet_output(ggml_tensor*& o) { return {o}; }
+
+/// --split-mode row: the UNet's transformer blocks split on ggml's meta device (row_split.h).
+std::shared_ptr<const RowSplitRules> unet_row_rules(const models::sd::UNetConfig& cfg, const models::sd::UNet2DCondition& net) {
+    std::vector<const nn::Block*> blocks;
+    for (int i = 0; i < net.n_blocks(); ++i) blocks.push_back(&net.block_params(i));
+    return unet_row_split_rules(cfg, net, blocks);
+}
 
 std::string unet_label(int blocks, int64_t n, int64_t cin, int64_t h, int64_t w) {
     return fmt::format("UNet {} blocks, latent {}x{}x{}x{}", blocks, n, cin, h, w);
@@ -46,13 +54,16 @@ ModuleCosts unet_costs(const io::WeightIndex& index, const models::sd::UNetConfi
     auto mk = unet_inputs(k->cfg, n, h, w, tokens, k->x, k->t, k->c);  // spans into k, kept alive by the costs
     const std::string label = unet_label(k->net.n_blocks(), n, cfg.in_channels, h, w);
     return self_contained_costs<UNetInputs, models::sd::UNetState, ggml_tensor*>(PModule::Diffusion, k, k->net, k->net, k->src, std::move(lo),
-                                                                                 threads, flash_attn, mk, unet_output, label);
+                                                                                 threads, flash_attn, mk, unet_output, label,
+                                                                                 unet_row_rules(k->cfg, k->net));
 }
 
 PlacedUNet::PlacedUNet(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, PlacementSpec spec,
                        int threads, bool flash_attn)
     : cfg_(cfg), src_(models::sd::make_unet_source(index, cfg)), net_(std::make_unique<models::sd::UNet2DCondition>(cfg)),
-      placed_(*net_, *net_, src_, std::move(lo), PModule::Diffusion, std::move(spec), threads, flash_attn) {}
+      placed_(*net_, *net_, src_, std::move(lo), PModule::Diffusion, std::move(spec), threads, flash_attn) {
+    placed_.set_row_split(unet_row_rules(cfg_, *net_));
+}
 
 PlacedUNet::~PlacedUNet() = default;
 

@@ -1,7 +1,10 @@
 // --split-mode row on ggml's meta device (placement/row_split.h): the split rules of a small
 // Z-Image block, and the tiny Z-Image DiT and SD UNet fixtures run with their blocks row split
 // over two CPU devices, two easel rpc-servers on 127.0.0.1, or two CUDA devices (when present),
-// against the same module on one device and against diffusers' outputs.
+// against the same module on one device and against diffusers' outputs. The fixtures are F32:
+// the row split only reorders the partial sums of the row-role matmuls (differences ~1e-7). With
+// F16 weights ggml rounds every matmul input to F16, so a 1e-7 change can flip one F16 rounding
+// (2^-11 relative) and the differences grow to ~1e-3 (measured on sd_tiny's F16 UNet: 1.3e-3).
 #include "core/error.h"
 #include "io/weight_index.h"
 #include "models/sd/unet.h"
@@ -211,11 +214,13 @@ struct UCase {
         o.check_unexpected = false;
         return o;
     }
+    int64_t batch = 2;  ///< 1: the fixture's first item only
     models::sd::UNetInputs inputs(runtime::GraphBuilder& g) const {
         models::sd::UNetInputs in;
-        in.sample = g.input_f32("sample", {16, 16, 4, 2}, sample);
-        in.timestep = g.input_f32("timestep", {2}, t);
-        in.context = g.input_f32("context", {32, 77, 2}, ctx);
+        const size_t ns = sample.size() / 2, nc = ctx.size() / 2;
+        in.sample = g.input_f32("sample", {16, 16, 4, batch}, std::span<const float>(sample).first(ns * batch));
+        in.timestep = g.input_f32("timestep", {batch}, std::span<const float>(t).first(batch));
+        in.context = g.input_f32("context", {32, 77, batch}, std::span<const float>(ctx).first(nc * batch));
         return in;
     }
     std::shared_ptr<placement::RowSplitRules> rules() const {
@@ -243,12 +248,13 @@ RunResult run_unet(UCase& u, const std::vector<std::string>& devices, placement:
     return res;
 }
 
-void check_unet_row_split(const std::vector<std::string>& devs, const char* what) {
+void check_unet_row_split(const std::vector<std::string>& devs, const char* what, int64_t batch = 2) {
     UCase u;
+    u.batch = batch;
     const auto one = run_unet(u, {devs[0]}, placement::SplitMode::Layer);
     const auto row = run_unet(u, devs, placement::SplitMode::Row);
     ASSERT_EQ(row.plan.segments.size(), 3u);
-    const float d_one = max_abs_diff(row.out, one.out), d_ref = max_abs_diff(row.out, u.expected);
+    const float d_one = max_abs_diff(row.out, one.out), d_ref = batch == 2 ? max_abs_diff(row.out, u.expected) : 0.0f;
     std::printf("[row split] SD UNet tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g\n%s%s", what, d_one, d_ref,
                 placement::format_plan({row.plan}).c_str(), placement::format_peaks({row.plan}, row.peaks).c_str());
     EXPECT_LE(d_one, 1e-5f);
@@ -344,7 +350,10 @@ TEST(RowSplit, ModuleWithoutRulesFallsBackToLayerSplit) {
 
 TEST(RowSplit, ZImageOnTwoCpuDevicesMatchesOneDevice) { check_zimage_row_split({"CPU", "CPU"}, "CPU&CPU"); }
 
-TEST(RowSplit, UnetOnTwoCpuDevicesMatchesOneDevice) { check_unet_row_split({"CPU", "CPU"}, "CPU&CPU"); }
+TEST(RowSplit, UnetOnTwoCpuDevicesMatchesOneDevice) {
+    check_unet_row_split({"CPU", "CPU"}, "CPU&CPU");
+    check_unet_row_split({"CPU", "CPU"}, "CPU&CPU, batch 1", 1);
+}
 
 #ifdef EASEL_HAS_RPC
 TEST(RowSplit, ZImageOverTwoRpcServersMatchesOneDevice) {
@@ -364,3 +373,4 @@ TEST(RowSplit, ZImageOnTwoCudaDevicesMatchesOneDevice) {
     check_zimage_row_split(devs, "CUDA0&CUDA1");
     check_unet_row_split(devs, "CUDA0&CUDA1");
 }
+
