@@ -101,6 +101,7 @@ struct FamilyOptions {
     std::string weight_type;                        ///< --type ("" keeps the stored types)
     std::string prediction;                         ///< --prediction override ("" = detect)
     float flow_shift = 0.0f;                        ///< --flow-shift (0 = the family's default)
+    float guidance = 3.5f;                          ///< --guidance: distilled guidance (FLUX.1 dev's embedder)
     /// Placement flags resolved (docs/placement.md); null = every module whole on its device
     /// above. A family that supports it runs its diffusion model under a placement::Plan.
     std::shared_ptr<const placement::PlacementSpec> placement;
@@ -129,6 +130,14 @@ public:
     /// Image sides must be a multiple of this many pixels (SD: the VAE factor 8; patchified DiTs
     /// such as Z-Image: VAE factor x patch size = 16). generate rounds sizes down to it.
     virtual int size_multiple() const { return latent_format().spatial_factor; }
+    /// Image tokens of a width x height (pixels) image, one per size_multiple()^2 pixels: what
+    /// diffusers' FLUX pipelines call image_seq_len (packed latent length, (H/16)*(W/16) for
+    /// FLUX.1/FLUX.2), fed to the resolution-dependent flux / flux2 schedulers
+    /// (sampling::ScheduleOptions::image_seq_len). Families with another token count override it.
+    virtual int64_t image_seq_len(int width, int height) const {
+        const int f = size_multiple();
+        return static_cast<int64_t>(width / f) * (height / f);
+    }
     /// Paths of the files module m reads (for fingerprints and cache keys); may be empty
     /// when a module is absent.
     virtual std::vector<std::string> module_files(Module m) const = 0;

@@ -230,7 +230,11 @@ sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job
         // DPM++ 2M runs on diffusers' DPMSolverMultistepScheduler timesteps (integer timesteps,
         // linspace over n+1 points), so that it equals diffusers' "DPM++ 2M" pipelines.
         full = sampling::diffusers_dpmsolver_schedule(ms, job.steps, job.scheduler == sampling::SchedulerKind::Karras);
-    else full = sampling::make_schedule(ms, job.scheduler, job.steps, fam.schedule_options());
+    else {
+        sampling::ScheduleOptions so = fam.schedule_options();
+        if (so.image_seq_len <= 0) so.image_seq_len = fam.image_seq_len(job.width, job.height);
+        full = sampling::make_schedule(ms, job.scheduler, job.steps, so);
+    }
     int start = 0;
     if (has_init) {
         // diffusers' img2img rule (StableDiffusionImg2ImgPipeline.get_timesteps): int(steps *

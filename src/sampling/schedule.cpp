@@ -159,6 +159,16 @@ double flux_mu(double image_seq_len, double base_seq_len, double max_seq_len, do
     return image_seq_len * m + b;
 }
 
+double flux2_empirical_mu(double image_seq_len, int num_steps) {
+    if (num_steps < 1) fail(ErrorKind::InvalidInput, "flux2_empirical_mu: num_steps must be >= 1, got {}", num_steps);
+    const double m200 = 0.00016927 * image_seq_len + 0.45666666;
+    if (image_seq_len > 4300) return m200;
+    const double m10 = 8.73809524e-05 * image_seq_len + 1.89833333;
+    const double a = (m200 - m10) / 190.0;
+    const double b = m200 - 200.0 * a;
+    return a * num_steps + b;
+}
+
 // ---------------------------------------------------------------------------------------
 
 SchedulerKind parse_scheduler(std::string_view name) {
@@ -169,11 +179,13 @@ SchedulerKind parse_scheduler(std::string_view name) {
     if (s == "sgm_uniform") return SchedulerKind::SgmUniform;
     if (s == "simple") return SchedulerKind::Simple;
     if (s == "lcm") return SchedulerKind::Lcm;
+    if (s == "flux") return SchedulerKind::Flux;
+    if (s == "flux2") return SchedulerKind::Flux2;
     if (s == "ays" || s == "gits" || s == "smoothstep" || s == "kl_optimal" || s == "bong_tangent")
         fail(ErrorKind::Unsupported,
-             "scheduler '{}' (an sd-cli name) is not available in easel: use discrete, karras, exponential, sgm_uniform, simple or lcm", name);
+             "scheduler '{}' (an sd-cli name) is not available in easel: use discrete, karras, exponential, sgm_uniform, simple, lcm, flux or flux2", name);
     fail(ErrorKind::InvalidInput,
-         "unknown scheduler '{}': use discrete, karras, exponential, sgm_uniform, simple or lcm", name);
+         "unknown scheduler '{}': use discrete, karras, exponential, sgm_uniform, simple, lcm, flux or flux2", name);
 }
 
 const char* scheduler_name(SchedulerKind kind) {
@@ -184,6 +196,8 @@ const char* scheduler_name(SchedulerKind kind) {
         case SchedulerKind::SgmUniform: return "sgm_uniform";
         case SchedulerKind::Simple: return "simple";
         case SchedulerKind::Lcm: return "lcm";
+        case SchedulerKind::Flux: return "flux";
+        case SchedulerKind::Flux2: return "flux2";
     }
     return "?";
 }
@@ -314,6 +328,19 @@ Schedule make_schedule(const ModelSampling& ms, SchedulerKind kind, int n, const
             }
             s.sigmas.push_back(0.0f);
             return s;
+        }
+        case SchedulerKind::Flux:
+        case SchedulerKind::Flux2: {
+            const char* nm = kind == SchedulerKind::Flux ? "flux" : "flux2";
+            if (!ms.is_flow())
+                fail(ErrorKind::InvalidInput, "the {} scheduler needs a flow-matching model (FLUX, Z-Image), not an eps/v model", nm);
+            if (opt.image_seq_len <= 0)
+                fail(ErrorKind::InvalidInput, "the {} scheduler needs the image token count (ScheduleOptions::image_seq_len)", nm);
+            const double L = static_cast<double>(opt.image_seq_len);
+            const double mu = kind == SchedulerKind::Flux
+                                  ? flux_mu(L, opt.base_seq_len, opt.max_seq_len, opt.base_shift, opt.max_shift)
+                                  : flux2_empirical_mu(L, n);
+            return flow_discrete(ModelSampling::flow_dynamic(mu, T), n, true);
         }
     }
     fail(ErrorKind::Internal, "unhandled scheduler kind");

@@ -11,6 +11,7 @@
 // passed to the network.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,11 +83,20 @@ private:
 double flux_mu(double image_seq_len, double base_seq_len = 256, double max_seq_len = 4096,
                double base_shift = 0.5, double max_shift = 1.15);
 
-/// sd-cli --scheduler values implemented here.
-enum class SchedulerKind { Discrete, Karras, Exponential, SgmUniform, Simple, Lcm };
+/// compute_empirical_mu of diffusers' Flux2Pipeline / Flux2KleinPipeline (pipeline_flux2.py):
+/// with m200(L) = 0.00016927*L + 0.45666666 and m10(L) = 8.73809524e-05*L + 1.89833333,
+/// mu = m200(L) for L > 4300, else the line through (10, m10) and (200, m200) at num_steps:
+/// a = (m200 - m10)/190, mu = a*num_steps + (m200 - 200*a). 1024x1024 (4096 tokens), 20 steps
+/// gives 2.19802. Throws Error(InvalidInput) for num_steps < 1.
+double flux2_empirical_mu(double image_seq_len, int num_steps);
 
-/// Parses a --scheduler name (discrete, karras, exponential, sgm_uniform, simple, lcm; "default"
-/// gives Discrete). Known sd-cli names not available in easel (ays, gits, smoothstep, kl_optimal,
+/// sd-cli --scheduler values implemented here, plus the resolution-dependent flow schedules of
+/// diffusers' FLUX pipelines (Flux: FluxPipeline's calculate_shift; Flux2: Flux2Pipeline's
+/// compute_empirical_mu).
+enum class SchedulerKind { Discrete, Karras, Exponential, SgmUniform, Simple, Lcm, Flux, Flux2 };
+
+/// Parses a --scheduler name (discrete, karras, exponential, sgm_uniform, simple, lcm, flux,
+/// flux2; "default" gives Discrete). Known sd-cli names not available in easel (ays, gits, smoothstep, kl_optimal,
 /// bong_tangent) raise Error(Unsupported); others Error(InvalidInput).
 SchedulerKind parse_scheduler(std::string_view name);
 const char* scheduler_name(SchedulerKind kind);
@@ -112,6 +122,13 @@ struct ScheduleOptions {
     /// true = sigmas linspace(1, 1/n, n) then shifted, as FluxPipeline / ZImagePipeline pass.
     bool flow_pipeline_sigmas = false;
     int lcm_original_steps = 50;          ///< Lcm (LCMScheduler original_inference_steps)
+    /// Flux / Flux2: the image token count (diffusers' image_seq_len = latents.shape[1] after
+    /// 2x2 packing, i.e. (H/16)*(W/16) pixels for FLUX.1 and FLUX.2). 0 = unknown: Flux/Flux2
+    /// raise Error(InvalidInput). The pipeline fills it from Family::image_seq_len().
+    int64_t image_seq_len = 0;
+    /// Flux: calculate_shift's parameters (a diffusers folder's scheduler_config.json
+    /// base_image_seq_len, max_image_seq_len, base_shift, max_shift).
+    double base_seq_len = 256, max_seq_len = 4096, base_shift = 0.5, max_shift = 1.15;
 };
 
 /// Builds the n-step schedule of the given kind.
@@ -128,6 +145,13 @@ struct ScheduleOptions {
 ///    linspace(t(sigma_max), t(sigma_min), n+1)[:-1], sigma = t_to_sigma.
 ///  * Simple: ComfyUI simple_scheduler: table[T-1 - int(i*T/n)].
 ///  * Lcm: LCMScheduler.set_timesteps timesteps (discrete models only).
+///  * Flux: FluxPipeline + FlowMatchEulerDiscreteScheduler(use_dynamic_shifting): sigmas
+///    s = linspace(1, 1/n, n) in float32, mu = flux_mu(opt.image_seq_len, opt.base_seq_len,
+///    opt.max_seq_len, opt.base_shift, opt.max_shift), sigma = exp(mu)/(exp(mu) + (1/s - 1))
+///    (_time_shift_exponential), timesteps = sigma * T. Flow models only; the model's own shift
+///    is not applied (the dynamic shift replaces it, as in diffusers).
+///  * Flux2: the same with mu = flux2_empirical_mu(opt.image_seq_len, n) (Flux2Pipeline,
+///    Flux2KleinPipeline).
 /// Timesteps of Karras/Exponential/SgmUniform/Simple come from sigma_to_t.
 /// Throws Error(InvalidInput) for steps < 1 or an impossible combination.
 Schedule make_schedule(const ModelSampling& ms, SchedulerKind kind, int steps,

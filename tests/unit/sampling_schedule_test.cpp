@@ -219,3 +219,70 @@ TEST(SamplingSchedule, BadInputIsRejected) {
     }
     EXPECT_THROW(parse_scheduler("nonsense"), Error);
 }
+
+// --scheduler flux: FluxPipeline's calculate_shift + _time_shift_exponential on sigmas
+// linspace(1, 1/n, n). By hand: 512x512 = 32x32 tokens = 1024; m = (1.15 - 0.5)/(4096 - 256) =
+// 0.65/3840, b = 0.5 - 256*m, mu = 1024*m + b = 0.5 + 768*0.65/3840 = 0.63. With n = 4 the base
+// sigmas are 1, 0.75, 0.5, 0.25 and sigma = e^0.63/(e^0.63 + 1/s - 1), e^0.63 = 1.8776106:
+// 1, 1.8776106/2.2109439 = 0.8492348, 1.8776106/2.8776106 = 0.6524895, 1.8776106/4.8776106 =
+// 0.3849447; timesteps = 1000 * sigma.
+TEST(SamplingSchedule, FluxSchedulerByHand) {
+    EXPECT_NEAR(flux_mu(1024), 0.63, 1e-12);
+    ScheduleOptions o;
+    o.image_seq_len = 1024;
+    const Schedule s = make_schedule(ModelSampling::flow(1.0), parse_scheduler("flux"), 4, o);
+    const double want[] = {1.0, 0.8492348, 0.6524895, 0.3849447, 0.0};
+    ASSERT_EQ(s.sigmas.size(), 5u);
+    ASSERT_EQ(s.timesteps.size(), 4u);
+    for (int i = 0; i < 5; ++i) EXPECT_NEAR(s.sigmas[i], want[i], 2e-7) << i;
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(s.timesteps[i], 1000.0 * want[i], 2e-4) << i;
+    // The model's static shift does not apply on top (diffusers: use_dynamic_shifting replaces it).
+    const Schedule s3 = make_schedule(ModelSampling::flow(3.0), SchedulerKind::Flux, 4, o);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(s3.sigmas[i], s.sigmas[i]);
+    // Other calculate_shift parameters (scheduler_config.json): base 0.5, max 1.15 over 256..4096
+    // becomes mu = 0.5 at 256 tokens whatever max_shift is.
+    o.image_seq_len = 256;
+    o.max_shift = 3.0;
+    const Schedule s256 = make_schedule(ModelSampling::flow(1.0), SchedulerKind::Flux, 4, o);
+    // mu = 0.5: e^0.5 = 1.6487213; s = 0.5: 1.6487213/2.6487213 = 0.6224593
+    EXPECT_NEAR(s256.sigmas[2], 0.6224593, 2e-7);
+}
+
+// At 1024x1024 (4096 tokens), 20 steps, --scheduler flux equals diffusers' FluxPipeline
+// schedule and flux2 equals Flux2KleinPipeline's (schedulers.json, made by diffusers).
+TEST(SamplingSchedule, FluxSchedulersMatchDiffusersAt1024) {
+    ScheduleOptions o;
+    o.image_seq_len = 4096;
+    expect_matches(make_schedule(ModelSampling::flow(1.0), SchedulerKind::Flux, 20, o), "flowmatch_dynamic_flux1_1024");
+    expect_matches(make_schedule(ModelSampling::flow(1.0), SchedulerKind::Flux2, 20, o),
+                   "flowmatch_dynamic_flux2_klein_1024");
+}
+
+// --scheduler flux2: compute_empirical_mu. By hand at 1024 tokens, 4 steps:
+// m200 = 0.00016927*1024 + 0.45666666 = 0.62999914, m10 = 8.73809524e-05*1024 + 1.89833333 =
+// 1.98781143, a = (m200 - m10)/190 = -0.00714638, mu = 4a + m200 - 200a = m200 - 196a = 2.0306897.
+// e^mu = 7.6198...; s = 0.5: e^mu/(e^mu + 1) = 0.8839818; s = 0.25: e^mu/(e^mu + 3) = 0.7174966.
+// Above 4300 tokens mu = m200 only: 4356 tokens -> 0.00016927*4356 + 0.45666666 = 1.19400678.
+TEST(SamplingSchedule, Flux2SchedulerByHand) {
+    EXPECT_NEAR(flux2_empirical_mu(1024, 4), 2.0306897, 1e-6);
+    EXPECT_NEAR(flux2_empirical_mu(4096, 20), 2.1980220725551165, 1e-9);
+    EXPECT_NEAR(flux2_empirical_mu(4356, 4), 1.19400678, 1e-9);
+    EXPECT_NEAR(flux2_empirical_mu(4356, 50), 1.19400678, 1e-9);
+    ScheduleOptions o;
+    o.image_seq_len = 1024;
+    const Schedule s = make_schedule(ModelSampling::flow(1.0), parse_scheduler("flux2"), 4, o);
+    const double want[] = {1.0, 0.9580854, 0.8839818, 0.7174966, 0.0};
+    ASSERT_EQ(s.sigmas.size(), 5u);
+    for (int i = 0; i < 5; ++i) EXPECT_NEAR(s.sigmas[i], want[i], 2e-7) << i;
+    EXPECT_STREQ(scheduler_name(SchedulerKind::Flux2), "flux2");
+    EXPECT_STREQ(scheduler_name(SchedulerKind::Flux), "flux");
+}
+
+TEST(SamplingSchedule, FluxSchedulersRejectBadInput) {
+    ScheduleOptions o;  // image_seq_len unknown
+    EXPECT_THROW(make_schedule(ModelSampling::flow(1.0), SchedulerKind::Flux, 4, o), Error);
+    o.image_seq_len = 1024;
+    EXPECT_THROW(make_schedule(ModelSampling::discrete(), SchedulerKind::Flux, 4, o), Error);
+    EXPECT_THROW(make_schedule(ModelSampling::discrete(), SchedulerKind::Flux2, 4, o), Error);
+    EXPECT_THROW(flux2_empirical_mu(1024, 0), Error);
+}
