@@ -34,8 +34,11 @@ EASEL_COMMAND(
             "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
             "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
             "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png");
-        return [p, common]() -> int {
+        return [p, common, &sub]() -> int {
             cli::apply_common_options(*common);
+            // flags left out take the model family's defaults (steps, CFG scale)
+            p->steps_given = sub.count("--steps") > 0;
+            p->cfg_scale_given = sub.count("--cfg-scale") > 0;
             const bool tty = isatty(fileno(stderr));
             auto t_last = std::chrono::steady_clock::now();
             double sum = 0;

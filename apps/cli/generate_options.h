@@ -54,6 +54,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--mask", p.mask, "Inpainting mask (white = repaint), same size as the init image")->group(g);
     app.add_option("--strength", p.strength, "img2img strength, 0..1 (default 0.75)")->check(CLI::Range(0.0, 1.0))->group(g);
     app.add_option("-r,--ref-image", p.ref_images, "Reference image for edit models (FLUX.2 Klein); repeat the flag for several")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)  // every -r counts (the default policy here is TakeLast)
         ->allow_extra_args(false)
         ->group(g);
 

@@ -116,11 +116,14 @@ Setup resolve(const GenerateParams& params) {
     return s;
 }
 
-/// Sampler and scheduler the user left out: the family's defaults (SD: euler_a, discrete).
+/// Sampler, scheduler, steps and CFG scale the user left out: the family's defaults (SD: euler_a,
+/// discrete, 20, 7; Z-Image: euler, discrete, 8, 1; FLUX.2 Klein distilled: euler, flux2, 4, 1).
 void apply_family_defaults(Setup& s, const models::Family& fam) {
     const auto d = fam.defaults();
     if (s.p.sampling_method.empty()) s.method = sampling::parse_sampler(d.sampler);
     if (s.p.scheduler.empty()) s.sched = sampling::parse_scheduler(d.scheduler);
+    if (!s.p.steps_given) s.p.steps = d.steps;
+    if (!s.p.cfg_scale_given) s.p.cfg_scale = d.cfg_scale;
 }
 
 std::unique_ptr<models::Family> open_model(Setup& s) {

@@ -32,6 +32,10 @@ struct GenerateParams {
     float cfg_scale = 7.0f;       ///< --cfg-scale
     float guidance = 3.5f;        ///< --guidance (distilled-guidance models)
     int steps = 20;               ///< --steps
+    /// false: --steps / --cfg-scale were not given and generate uses the family's defaults
+    /// (Family::defaults(): Z-Image 8 steps CFG 1, FLUX.2 Klein distilled 4 steps CFG 1 ...);
+    /// true (the default for library callers): steps / cfg_scale are used as they are.
+    bool steps_given = true, cfg_scale_given = true;
     std::string sampling_method;  ///< --sampling-method ("" = family default: euler_a for SD)
     std::string scheduler;        ///< --scheduler ("" = discrete)
     float eta = 0.0f;             ///< --eta
