@@ -200,7 +200,9 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
 
     if (stream && r == Residency::Host) {
         // as many leading blocks resident as the budget allows, the rest streamed block by block
-        for (int k = n; k >= 0; --k) {
+        // (all of them: the whole graph, staged for the phase, when it fits)
+        if (fits(whole_use)) return finish(std::move(whole), false);
+        for (int k = n - 1; k >= 0; --k) {
             uint64_t resident = k > 0 ? seg_params(c, 0, k, true, k == n) : 0;
             uint64_t slot = 0;
             for (int i = k; i < n; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
