@@ -407,7 +407,7 @@ ModulePlan plan_row_split(PModule module, const ModulePlacement& place, const Mo
         u.device = devs[j];
         auto it = budgets.find(devs[j]);
         u.budget = it == budgets.end() ? 0 : it->second;
-        u.params = per[j] + (j == 0 ? 2 * c.prologue_bytes : 0);  // the prologue and epilogue graphs each load the non-block parameters
+        u.params = per[j] + (j == 0 ? c.prologue_bytes : 0);  // the prologue and epilogue graphs share one copy
         u.compute = mid.compute_bytes + steps * partial + (j == 0 ? std::max(pro.compute_bytes, epi.compute_bytes) : 0);
         p.devices.push_back(u);
     }

@@ -165,6 +165,11 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
     // which devices host a Host residency copy: the params location ("CPU" = pinned host memory
     // of the runtime device where it has one)
     std::map<std::string, uint64_t> slot_bytes;
+    // a row-split plan runs the prologue and the epilogue as two graphs on its first device:
+    // they share one resident copy of the non-block parameters (placement/row_split.h)
+    bool row_plan = false;
+    for (auto& g : plan.segments) row_plan |= placement::is_row_split_device(g.device);
+    std::string rest_resident_on;
     for (size_t j = 0; j < plan.segments.size(); ++j) {
         Seg& s = segs_[j];
         s.plan = plan.segments[j];
@@ -174,6 +179,10 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
         if (s.plan.prologue || s.plan.epilogue) s.params.insert(s.params.end(), rest_.begin(), rest_.end());
         std::unordered_set<std::string> keep;
         for (auto* p : s.params) keep.insert(names_.at(p));
+        const bool share_rest = row_plan && (s.plan.prologue || s.plan.epilogue) && s.plan.residency == placement::Residency::Device;
+        if (share_rest && rest_resident_on == s.plan.device)
+            for (auto* p : rest_) keep.erase(names_.at(p));  // bound to the first copy (Param::tensor still points there)
+        else if (share_rest) rest_resident_on = s.plan.device;
         auto filter = [&](const std::string& n, const nn::Param&) { return keep.count(n) > 0; };
         Device& d = device(s.plan.device);
         auto record = [&] {
