@@ -60,7 +60,7 @@ using json = nlohmann::json;
 using namespace easel::bench;
 
 int main_impl(int argc, char** argv) {
-    std::string device, type = "bf16", json_path, tmp_dir, model_name = "flux1";
+    std::string device, type = "bf16", json_path, tmp_dir, weights_file, model_name = "flux1";
     int threads = 0, reps = 3, warmup = 1, tokens = 512, size = 1024, dbl = -1, sgl = -1;
     bool fa = false;
     uint64_t seed = 1;
@@ -78,6 +78,7 @@ int main_impl(int argc, char** argv) {
     app.add_flag("--fa", fa, "flash attention where the backend supports it");
     app.add_option("--json", json_path, "write the results as JSON to this file");
     app.add_option("--tmp-dir", tmp_dir, "folder for the temporary made-up weight file (default: the system temp folder)");
+    app.add_option("--weights", weights_file, "made-up weight file to reuse: written when absent and then kept, so several runs (e.g. bf16 and q8_0) share it; it must have been made with the same architecture options")->check(CLI::NonexistentPath | CLI::ExistingFile);
     app.add_option("--seed", seed, "seed of the made-up weights and inputs (default 1)");
     CLI11_PARSE(app, argc, argv);
     if (size % 16 != 0) fail(ErrorKind::InvalidInput, "--size {} is not a multiple of 16 (8 pixels per latent cell, 2x2 packing)", size);
@@ -96,19 +97,22 @@ int main_impl(int argc, char** argv) {
 
     runtime::GraphRunner run(dev, threads);
     const fs::path dir = tmp_dir.empty() ? fs::temp_directory_path() : fs::path(tmp_dir);
-    TempFile tmp{dir / fmt::format("easel-bench-flux-{}.safetensors", (long)getpid())};
+    TempFile tmp;
+    const fs::path wpath = weights_file.empty() ? dir / fmt::format("easel-bench-flux-{}.safetensors", (long)getpid()) : fs::path(weights_file);
+    if (weights_file.empty()) tmp.path = wpath;
+    const bool reuse = !weights_file.empty() && fs::exists(wpath);
     auto t0 = Clock::now();
     int64_t count;
     if (f1) {
         flux::FluxDiT shape_only(flux1_dev_config(dbl, sgl));
-        count = write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-flux made-up weights");
+        count = reuse ? count_params(shape_only) : write_made_up_bf16(wpath, shape_only, seed, "easel-bench-flux made-up weights");
     } else {
         flux::Flux2DiT shape_only(klein9b_config(dbl, sgl));
-        count = write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-flux made-up weights");
+        count = reuse ? count_params(shape_only) : write_made_up_bf16(wpath, shape_only, seed, "easel-bench-flux made-up weights");
     }
     const double write_s = seconds_since(t0);
     t0 = Clock::now();
-    io::WeightIndex idx = io::WeightIndex::open(tmp.path);
+    io::WeightIndex idx = io::WeightIndex::open(wpath);
     nn::LoadOptions lo;
     lo.weight_type = type == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_COUNT;
     flux::FluxDiTModel m1;

@@ -53,6 +53,17 @@ inline std::vector<float> uniform_values(size_t n, uint64_t seed) {
     return v;
 }
 
+/// Number of parameters (elements) in `root`.
+inline int64_t count_params(nn::Block& root) {
+    int64_t count = 0;
+    root.visit_params("", [&](const std::string&, nn::Param& p) {
+        int64_t n = 1;
+        for (int64_t d : p.shape) n *= d;
+        count += n;
+    });
+    return count;
+}
+
 /// Writes every parameter of `root` (its diffusers names) as BF16 made-up values (see the file
 /// comment) to the safetensors file `path`; `ones(name, role)` says which parameters are norm
 /// scales set to 1; `producer` goes into __metadata__. Returns the parameter count. Throws

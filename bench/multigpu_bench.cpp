@@ -70,7 +70,7 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 int main_impl(int argc, char** argv) {
-    std::string devices_arg, modes_arg = "single,layer,row,capped", type = "bf16", json_path, tmp_dir, rpc;
+    std::string devices_arg, modes_arg = "single,layer,row,capped", type = "bf16", json_path, tmp_dir, weights_file, rpc;
     int threads = 0, reps = 3, warmup = 1, tokens = 128, layers = 30, size = 1024;
     double cap_gib = 6.0;
     bool fa = true;
@@ -90,6 +90,7 @@ int main_impl(int argc, char** argv) {
     app.add_option("--rpc-servers", rpc, "RPC servers host:port,... (devices RPC0...)");
     app.add_option("--json", json_path, "write the results here");
     app.add_option("--tmp-dir", tmp_dir, "folder for the temporary made-up weight file (about 12.3 GB)");
+    app.add_option("--weights", weights_file, "made-up weight file to reuse: written when absent and then kept, so several runs (e.g. bf16 and q8_0) share it; it must have been made with the same architecture options")->check(CLI::NonexistentPath | CLI::ExistingFile);
     CLI11_PARSE(app, argc, argv);
     if (size % 16) fail(ErrorKind::InvalidInput, "--size {} is not a multiple of 16", size);
 
@@ -110,14 +111,17 @@ int main_impl(int argc, char** argv) {
                size, tokens, layers, type, fa ? "on" : "off", EASEL_GGML_COMMIT);
 
     const fs::path dir = tmp_dir.empty() ? fs::temp_directory_path() : fs::path(tmp_dir);
-    TempFile tmp{dir / fmt::format("easel-bench-multigpu-{}.safetensors", (long)getpid())};
+    TempFile tmp;
+    const fs::path wpath = weights_file.empty() ? dir / fmt::format("easel-bench-multigpu-{}.safetensors", (long)getpid()) : fs::path(weights_file);
+    if (weights_file.empty()) tmp.path = wpath;
+    const bool reuse = !weights_file.empty() && fs::exists(wpath);
     auto t0 = Clock::now();
     {
         zi::ZImageDiT shape_only(turbo_config(layers, 2));
-        write_made_up_bf16(tmp.path, shape_only, seed, "easel-bench-multigpu made-up weights", zimage_ones);
+        if (!reuse) write_made_up_bf16(wpath, shape_only, seed, "easel-bench-multigpu made-up weights", zimage_ones);
     }
-    fmt::print("  weights written in {:.1f} s\n", seconds_since(t0));
-    io::WeightIndex idx = io::WeightIndex::open(tmp.path);
+    fmt::print("  weights {} in {:.1f} s\n", reuse ? "reused" : "written", seconds_since(t0));
+    io::WeightIndex idx = io::WeightIndex::open(wpath);
     auto keys = zi::find_zimage_dit(idx);
     if (!keys) fail(ErrorKind::ModelMismatch, "made-up file holds no Z-Image transformer");
     const zi::ZImageDiTConfig cfg = zi::infer_config(idx, *keys);
