@@ -237,9 +237,13 @@ sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job
     }
     int start = 0;
     if (has_init) {
-        // diffusers' img2img rule (StableDiffusionImg2ImgPipeline.get_timesteps): int(steps *
-        // strength) steps run, from step steps - that; at least one step runs.
-        int run = std::min(job.steps, (int)((double)job.steps * job.strength));
+        // diffusers' img2img rules: StableDiffusionImg2ImgPipeline.get_timesteps runs int(steps *
+        // strength) steps, from step steps - that; the flow-matching pipelines (SD3, FLUX,
+        // Z-Image: StableDiffusion3Img2ImgPipeline.get_timesteps) start at
+        // t_start = int(steps - steps * strength), so 8 steps at 0.6 run 5 there, 4 here. At least
+        // one step runs.
+        int run = ms.is_flow() ? job.steps - (int)std::max((double)job.steps - (double)job.steps * job.strength, 0.0)
+                               : std::min(job.steps, (int)((double)job.steps * job.strength));
         if (run < 1) {
             log::warn("--strength {} with {} steps runs no step: running 1", job.strength, job.steps);
             run = 1;

@@ -444,3 +444,82 @@ TEST(ZImageTinyE2ESizes, SidesRoundDownToMultiplesOf16) {
     EXPECT_LE(max_pixel_diff(got.pixels, want.pixels), 2);
     fs::remove(out);
 }
+
+// ---------------------------------------------------------------- img2img
+
+namespace {
+
+struct I2iParam {
+    int case_index;
+    Form form;
+};
+
+std::vector<I2iParam> img2img_params() {
+    std::vector<I2iParam> r;
+    const auto cj = cases_json();
+    if (!cj.contains("img2img_cases")) return r;
+    for (size_t i = 0; i < cj["img2img_cases"].size(); ++i)
+        for (Form f : {Form::Folder, Form::Single}) r.push_back({(int)i, f});
+    return r;
+}
+
+}  // namespace
+
+class ZImageTinyImg2Img : public ::testing::TestWithParam<I2iParam> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ZImageTinyImg2Img);
+
+// `easel generate -i INIT --strength S --rng cpu` against diffusers' ZImageImg2ImgPipeline
+// (tools/reference/make_zimage_pipeline.py "img2img_cases"): the init image's posterior sampled
+// with the seed's first draw, (z - shift) * scale, noise from the second draw, scale_noise at
+// sigmas[t_start] with t_start = int(steps - steps * strength), Euler over sigmas[t_start:].
+TEST_P(ZImageTinyImg2Img, MatchesDiffusersWithin2Of255) {
+    const auto c = cases_json()["img2img_cases"][GetParam().case_index];
+    const bool folder = GetParam().form == Form::Folder;
+    const fs::path out = fs::path(testing::TempDir()) /
+                         ("easel_zimage_i2i_" + c["name"].get<std::string>() + (folder ? "_folder" : "_single") + "_" + std::to_string(getpid()) + ".png");
+    const auto files = files_for(GetParam().form);
+    std::string cmd = std::string(EASEL_BINARY) + " generate -t 1";
+    if (folder) cmd += " -m " + quote(files.model);
+    else cmd += " --diffusion-model " + quote(files.diffusion_model) + " --llm " + quote(files.llm) + " --vae " + quote(files.vae);
+    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + " -W " + std::to_string(c["width"].get<int>()) +
+           " -H " + std::to_string(c["height"].get<int>()) + " --steps " + std::to_string(c["steps"].get<int>()) +
+           " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+           " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " + c["scheduler"].get<std::string>() +
+           " --rng " + c["rng"].get<std::string>() + " -i " + quote((kDir / c["init_image"].get<std::string>()).string()) +
+           " --strength " + c["strength"].dump() + " --no-cache -o " + quote(out.string()) + " > /dev/null 2>&1";
+    fs::remove(out);
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto got = pipeline::load_image(out, 3);
+    auto want = pipeline::load_image(kDir / c["png"].get<std::string>(), 3);
+    ASSERT_EQ(got.width, want.width);
+    ASSERT_EQ(got.height, want.height);
+    const int d = max_pixel_diff(got.pixels, want.pixels);
+    std::printf("[zimage img2img] %s %s: max pixel diff %d/255\n", c["name"].get<std::string>().c_str(), folder ? "folder" : "single files", d);
+    EXPECT_LE(d, 2);
+    fs::remove(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ZImageTinyImg2Img, ::testing::ValuesIn(img2img_params()), [](const auto& info) {
+    std::string n = cases_json()["img2img_cases"][info.param.case_index]["name"].template get<std::string>() +
+                    (info.param.form == Form::Folder ? "_folder" : "_single");
+    for (auto& ch : n)
+        if (!isalnum((unsigned char)ch)) ch = '_';
+    return n;
+});
+
+// Text encoders of other families given as --llm are refused at load(Te) with the encoder the
+// transformer expects: a CLIP text encoder (SD1.x-style) and a T5 encoder.
+TEST(ZImageFamily, RefusesClipAndT5AsLlm) {
+    for (const char* f : {"clip_text_sd15_tiny.safetensors", "t5_encoder_tiny.safetensors"}) {
+        auto files = files_for(Form::Single);
+        files.llm = (fs::path(EASEL_TEST_DATA) / "reference" / f).string();
+        auto fam = ZImage::open(files, {});
+        ErrorKind k = ErrorKind::Internal;
+        const std::string msg = error_of([&] { fam->encode_prompt("a cat", 0); }, &k);
+        EXPECT_EQ(k, ErrorKind::ModelMismatch) << f;
+        EXPECT_NE(msg.find("no Qwen3 text encoder"), std::string::npos) << f << ": " << msg;
+        EXPECT_NE(msg.find("hidden size 12"), std::string::npos) << f << ": " << msg;
+        EXPECT_NE(msg.find("--llm"), std::string::npos) << f << ": " << msg;
+        EXPECT_FALSE(fam->loaded(models::Module::Te)) << f;
+    }
+}

@@ -21,6 +21,13 @@ namespace {
 
 std::string flag_of(const std::string& flag_and_path) { return flag_and_path.substr(0, flag_and_path.find(' ')); }
 
+/// True when the file starts with GGUF's magic "GGUF".
+bool is_gguf_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char magic[4] = {};
+    return f.read(magic, 4) && std::string(magic, 4) == "GGUF";
+}
+
 /// "Qwen3-4B (hidden 2560)" for the real cap_feat_dim, else "a Qwen3 model with hidden size D".
 std::string expected_te(int64_t cap_feat_dim) {
     if (cap_feat_dim == 2560) return "Qwen3-4B (hidden size 2560)";
@@ -288,9 +295,29 @@ bool ZImage::loaded(Module m) const {
     return false;
 }
 
+// The tokenizer that belongs to the text encoder in use, in this order: the vocabulary in the
+// metadata of a GGUF text encoder (llama.cpp's tokenizer.ggml.*; read from its header, no
+// weights), the diffusers folder's tokenizer/tokenizer.json, the Qwen3 tokenizer built into the
+// library. A GGUF text encoder without tokenizer metadata falls through to the next source
+// (its header is then read again on each call; such files are rare).
 const text::QwenTokenizer& ZImage::tokenizer() const {
+    if (own_tokenizer_) return *own_tokenizer_;
+    std::error_code ec;
+    if (!te_path_.empty() && fs::is_regular_file(te_path_, ec) && is_gguf_file(te_path_)) {
+        std::unique_ptr<io::WeightIndex> own;
+        const io::WeightIndex* ti = te_path_ == dit_path_ ? dit_idx_.get() : nullptr;
+        if (!ti) {
+            own = open_index(te_path_, flag_of(te_flag_));
+            ti = own.get();
+        }
+        if (text::QwenTokenizer::gguf_has_tokenizer(ti->metadata())) {
+            own_tokenizer_ = std::make_unique<text::QwenTokenizer>(text::QwenTokenizer::from_gguf_metadata(ti->metadata()));
+            log::debug("tokenizer: the vocabulary in the GGUF metadata of {}", te_flag_);
+            return *own_tokenizer_;
+        }
+    }
     if (tokenizer_json_.empty()) return text::QwenTokenizer::builtin();
-    if (!own_tokenizer_) own_tokenizer_ = std::make_unique<text::QwenTokenizer>(text::QwenTokenizer::from_file(tokenizer_json_));
+    own_tokenizer_ = std::make_unique<text::QwenTokenizer>(text::QwenTokenizer::from_file(tokenizer_json_));
     return *own_tokenizer_;
 }
 
@@ -507,7 +534,7 @@ vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOp
 std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w) {
     std::vector<placement::ModuleCosts> out;
     const int64_t L = kMaxPromptTokens;
-    {  // te: Qwen3 without its last layer, 512 tokens
+    if (!te_path_.empty()) {  // te: Qwen3 without its last layer, 512 tokens (none when no --llm / folder te)
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<TeModel> model;
