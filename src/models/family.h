@@ -193,8 +193,9 @@ public:
     /// family's longest prompt (SD: one 77-token window; Z-Image: 512 tokens) and default clip
     /// skip. Independent of FamilyOptions::placement (the --auto-fit planner calls it before a
     /// spec exists). The callbacks own what they use and may outlive the call, not the family.
-    /// Empty when the family has no placeable module. Throws Error(ModelMismatch) / Error(Io)
-    /// when a module's file is missing or of the wrong kind (headers are read).
+    /// Empty when the family has no placeable module; a module without a file (no text encoder
+    /// given) is left out. Throws Error(ModelMismatch) / Error(Io) when a module's file is of the
+    /// wrong kind or unreadable (headers are read).
     virtual std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) { return {}; }
 
     /// The placement plans (placement/plan.h) of the modules the family runs under

@@ -557,7 +557,7 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
 
 std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, int64_t w) {
     std::vector<placement::ModuleCosts> out;
-    {  // te: one 77-token window, the default clip skip
+    if (!te_path_.empty()) {  // te: one 77-token window, the default clip skip (none when no file has one)
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             clip::ClipKeys keys;
