@@ -94,7 +94,13 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
                     m->te_pre_truncated_ = true;
                 }
                 else if (c.name == "scheduler") m->sched_cfg_ = read_json(c.folder / "scheduler_config.json");
-                else if (c.name == "tokenizer") m->tokenizer_special_ = c.folder / "special_tokens_map.json";
+                else if (c.name == "tokenizer") {
+                    // pad_token: special_tokens_map.json, or tokenizer_config.json where transformers 5
+                    // saved no special_tokens_map.json
+                    std::error_code ec;
+                    m->tokenizer_special_ = c.folder / "special_tokens_map.json";
+                    if (!std::filesystem::exists(m->tokenizer_special_, ec)) m->tokenizer_special_ = c.folder / "tokenizer_config.json";
+                }
             }
             if (m->unet_path_.empty() && files.diffusion_model.empty())
                 fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no unet folder; SD1.x/SD2.x pipelines have one",

@@ -83,7 +83,10 @@ public:
     std::vector<placement::ModulePlan> placement_plans() const override;
     std::map<std::string, uint64_t> placement_peaks() const override;
 
-    bool is_sd2() const { return ucfg_.context_dim == 1024; }
+    /// SD2.x: the OpenCLIP-H context width 1024, or (any width) a UNet whose transformers use
+    /// Linear projections, which ldm's SD2.x configs set (use_linear_in_transformer) and SD1.x's
+    /// do not; so SD2-style models of other sizes get SD2's defaults (clip skip, prediction test).
+    bool is_sd2() const { return ucfg_.context_dim == 1024 || uses_linear_projection(ucfg_); }
     bool is_inpaint() const { return ucfg_.in_channels == 9; }
     bool uses_taesd() const { return !taesd_path_.empty(); }
 

@@ -532,4 +532,16 @@ UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& 
     return c;
 }
 
+bool uses_linear_projection(const UNetConfig& cfg) {
+    for (const auto& d : cfg.down)
+        for (const auto& t : d.attentions)
+            if (t.linear_proj) return true;
+    for (const auto& t : cfg.mid.attentions)
+        if (t.linear_proj) return true;
+    for (const auto& u : cfg.up)
+        for (const auto& t : u.attentions)
+            if (t.linear_proj) return true;
+    return false;
+}
+
 }  // namespace easel::models::sd

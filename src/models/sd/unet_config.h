@@ -148,6 +148,11 @@ struct UNetConfig {
 /// Error(InvalidInput) when a channel count does not divide by the heads or groups given.
 UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& ov = {});
 
+/// True when the UNet's transformers project with Linear layers (diffusers
+/// use_linear_projection, ldm use_linear_in_transformer: SD2.x and SDXL) rather than 1x1
+/// convolutions (SD1.x). False for a UNet without attention.
+bool uses_linear_projection(const UNetConfig& cfg);
+
 /// The LDM name (without prefix) of a canonical diffusers UNet name, for the structure in
 /// `cfg` (which must have uniform layers_per_block). Names not of the UNet come back empty.
 /// E.g. "down_blocks.1.resnets.0.norm1.weight" -> "input_blocks.4.0.in_layers.0.weight" (L=2).
