@@ -10,9 +10,10 @@
 //     rows, token_type, merges, special ids), so the tokenizer comes from the GGUF;
 //   * the VAE as the ae.safetensors-layout file (what users pass with --vae).
 // Both GGUFs are written here with ggml's gguf API from the reference safetensors.
-// Pass criteria: F16 GGUFs: max |pixel - diffusers| <= 2 (of 255) on every case; Q8_0 GGUFs:
-// mean |diff| <= 1.5 and max <= 24 (Q8_0 rounds every weight to 8 bits per block of 32: measured
-// on these cases mean <= 0.5, max <= 9; a wrong dequantisation or layout gives mean tens of levels).
+// Pass criteria: F16 GGUFs: max |pixel - diffusers| <= 2 (of 255) on every case (measured: max 1,
+// mean <= 0.015); Q8_0 GGUFs (transformer matrices and pad tokens, text-encoder matrices whose rows
+// allow it): mean |diff| <= 1.0 and max <= 12 (Q8_0 rounds every weight to 8 bits per block of 32:
+// measured mean 0.20-0.48, max 2-4; a wrong dequantisation or layout gives mean tens of levels).
 #include "core/error.h"
 #include "io/weight_index.h"
 #include "models/zimage/z_image.h"
@@ -330,8 +331,8 @@ void run_all_cases(ggml_type quant, const char* tag, bool exact) {
         if (exact) {
             EXPECT_LE(d.max, 2) << c["name"];
         } else {
-            EXPECT_LE(d.mean, 1.5) << c["name"];
-            EXPECT_LE(d.max, 24) << c["name"];
+            EXPECT_LE(d.mean, 1.0) << c["name"];
+            EXPECT_LE(d.max, 12) << c["name"];
         }
     }
 }
