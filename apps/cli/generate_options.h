@@ -37,7 +37,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--steps", p.steps, "Sampling steps (default 20)")->check(CLI::Range(1, 10000))->group(g);
     app.add_option("--sampling-method", p.sampling_method,
                    "euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm, ddim_trailing (default: euler_a for SD)")->group(g);
-    app.add_option("--scheduler", p.scheduler, "discrete, karras, exponential, sgm_uniform, simple (default: discrete)")->group(g);
+    app.add_option("--scheduler", p.scheduler, "discrete, karras, exponential, sgm_uniform, simple, lcm, flux, flux2 (default: the model's)")->group(g);
     app.add_option("--eta", p.eta, "Eta for DDIM-style samplers (default 0)")->group(g);
     app.add_option("--flow-shift", p.flow_shift, "Shift for flow-matching models (default: auto)")->group(g);
     app.add_option("--prediction", p.prediction, "Override the prediction type: eps, v")->group(g);

@@ -4,6 +4,7 @@
 #include "io/detect.h"
 #include "io/diffusers.h"
 #include "io/weight_index.h"
+#include "models/flux/flux1.h"
 #include "models/flux/flux2_klein.h"
 #include "models/sd/stable_diffusion.h"
 #include "models/zimage/z_image.h"
@@ -46,6 +47,7 @@ const std::vector<FamilyEntry>& family_table() {
         {"SD2.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
         {"Z-Image", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return zimage::ZImage::open(f, o); }},
         {"FLUX.2", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return flux::Flux2Klein::open(f, o); }},
+        {"FLUX.1", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return flux::Flux1::open(f, o); }},
     };
     return t;
 }

@@ -161,6 +161,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.weight_type = p.weight_type;
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;
+    fo.guidance = p.guidance;
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
     return fam;

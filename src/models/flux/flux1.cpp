@@ -1,0 +1,482 @@
+// The FLUX.1 family (see flux1.h).
+#include "models/flux/flux1.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/diffusers.h"
+#include "models/flux/flux_common.h"
+#include "models/model_files.h"
+#include "models/qwen3/qwen3.h"
+#include "text/clip_tokenizer.h"
+#include "text/t5_tokenizer.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+
+namespace easel::models::flux {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string flag_of(const std::string& flag_and_path) { return flag_and_path.substr(0, flag_and_path.find(' ')); }
+
+/// What a text-encoder file holds instead of the expected encoder, for refusal messages (never
+/// throws: a file whose shapes cannot be read is described by its kind only).
+std::string what_it_holds(const io::WeightIndex& idx) {
+    const auto sized = [](const char* what, const char* dim, const std::function<int64_t()>& f) {
+        try {
+            return fmt::format("{} ({} {})", what, dim, f());
+        } catch (const Error&) {
+            return std::string(what);
+        }
+    };
+    if (auto k = qwen3::find_qwen3(idx)) return sized("a Qwen3 LLM", "hidden size", [&] { return qwen3::infer_config(idx, *k).hidden; });
+    if (auto k = t5::find_t5_encoder(idx)) return sized("a T5 encoder", "d_model", [&] { return t5::infer_config(idx, *k).d_model; });
+    auto ck = clip::find_clip_text_encoders(idx);
+    if (!ck.empty()) return sized("a CLIP text encoder", "hidden size", [&] { return clip::infer_config(idx, ck.front()).width; });
+    if (find_flux_dit(idx)) return "a FLUX.1 DiT";
+    if (vae::find_autoencoder_kl(idx)) return "a VAE";
+    return "no text encoder easel recognises";
+}
+
+}  // namespace
+
+std::string flux1_expected_t5(int64_t joint_dim) {
+    if (joint_dim == 4096) return "T5-XXL (d_model 4096, e.g. t5xxl_fp16.safetensors)";
+    return fmt::format("a T5 encoder with d_model {}", joint_dim);
+}
+
+std::string flux1_expected_clip(int64_t pooled_dim) {
+    if (pooled_dim == 768) return "CLIP-L (hidden size 768, e.g. clip_l.safetensors)";
+    return fmt::format("a CLIP text encoder with hidden size {}", pooled_dim);
+}
+
+/// The loaded text encoders, each with its runner.
+struct Flux1::TeModels {
+    std::unique_ptr<io::WeightIndex> t5_own, clip_own;
+    t5::T5Config t5cfg;
+    std::unique_ptr<t5::T5Encoder> t5;
+    nn::ParamBuffer t5_params;
+    clip::ClipConfig clipcfg;
+    std::unique_ptr<clip::ClipTextModel> clip;
+    nn::ParamBuffer clip_params;
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::string desc;
+};
+
+Flux1::~Flux1() = default;
+
+const io::WeightIndex& Flux1::index_for(const std::string& path, const std::string& flag, std::unique_ptr<io::WeightIndex>& own) const {
+    if (path == dit_path_) return *dit_idx_;
+    if (vae_idx_ && path == vae_path_) return *vae_idx_;
+    own = open_index(path, flag);
+    return *own;
+}
+
+const io::WeightIndex& Flux1::t5_headers(std::unique_ptr<io::WeightIndex>& own, t5::T5Keys& keys, t5::T5Config& cfg) const {
+    const std::string want = flux1_expected_t5(dcfg_.joint_dim);
+    if (t5_path_.empty()) fail(ErrorKind::ModelMismatch, "no T5 text encoder: FLUX.1 needs {}; pass it with --t5xxl FILE", want);
+    const io::WeightIndex& ti = index_for(t5_path_, flag_of(t5_flag_), own);
+    auto k = t5::find_t5_encoder(ti);
+    if (!k) fail(ErrorKind::ModelMismatch, "{}: holds {}, not a T5 encoder; FLUX.1 expects {} as --t5xxl", t5_flag_, what_it_holds(ti), want);
+    keys = *k;
+    cfg = t5::infer_config(ti, keys);
+    if (cfg.d_model != dcfg_.joint_dim)
+        fail(ErrorKind::ModelMismatch, "{}: the T5 encoder's d_model {} does not match the DiT's context width {}: this FLUX.1 model expects {}",
+             t5_flag_, cfg.d_model, dcfg_.joint_dim, want);
+    return ti;
+}
+
+const io::WeightIndex& Flux1::clip_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& cfg) const {
+    const std::string want = flux1_expected_clip(dcfg_.pooled_dim);
+    if (clip_path_.empty()) fail(ErrorKind::ModelMismatch, "no CLIP text encoder: FLUX.1 needs {}; pass it with --clip_l FILE", want);
+    const io::WeightIndex& ti = index_for(clip_path_, flag_of(clip_flag_), own);
+    auto ks = clip::find_clip_text_encoders(ti);
+    // A single file with several CLIP models (unusual for FLUX.1): the one of the pooled width.
+    std::optional<clip::ClipKeys> pick;
+    std::vector<std::string> widths;
+    for (auto& k : ks) {
+        clip::ClipOverrides ov;
+        if (const nlohmann::json* c = ti.config()) ov = clip::overrides_from_config_json(*c);
+        auto c = clip::infer_config(ti, k, ov);
+        widths.push_back(std::to_string(c.width));
+        if (c.width == dcfg_.pooled_dim && !pick) {
+            pick = k;
+            cfg = c;
+        }
+    }
+    if (ks.empty())
+        fail(ErrorKind::ModelMismatch, "{}: holds {}, not a CLIP text encoder; FLUX.1 expects {} as --clip_l", clip_flag_, what_it_holds(ti), want);
+    if (!pick)
+        fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder's hidden size {} does not match the DiT's pooled width {}: this FLUX.1 model expects {}",
+             clip_flag_, fmt::join(widths, "/"), dcfg_.pooled_dim, want);
+    keys = *pick;
+    return ti;
+}
+
+std::unique_ptr<Flux1> Flux1::open(const ModelFiles& files, const FamilyOptions& opt) {
+    std::unique_ptr<Flux1> m(new Flux1());
+    m->files_ = files;
+    m->opt_ = opt;
+    m->weight_type_ = parse_weight_type(opt.weight_type);
+    if (files.model.empty() && files.diffusion_model.empty())
+        fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a FLUX.1 file) or --diffusion-model");
+    if (!(opt.flow_shift >= 0.0f) || !std::isfinite(opt.flow_shift))
+        fail(ErrorKind::InvalidInput, "--flow-shift {}: must be a positive number (0 = the model's default)", opt.flow_shift);
+    if (!std::isfinite(opt.guidance) || opt.guidance < 0.0f)
+        fail(ErrorKind::InvalidInput, "--guidance {}: must be a finite number >= 0", opt.guidance);
+    m->guidance_ = opt.guidance;
+    if (!files.llm.empty())
+        fail(ErrorKind::ModelMismatch,
+             "--llm {}: FLUX.1 takes no LLM text encoder; pass T5-XXL with --t5xxl FILE and CLIP-L with --clip_l FILE", files.llm);
+    if (!files.clip_g.empty())
+        fail(ErrorKind::ModelMismatch, "--clip_g {}: FLUX.1 takes no CLIP-G; pass T5-XXL with --t5xxl FILE and CLIP-L with --clip_l FILE",
+             files.clip_g);
+
+    std::optional<nlohmann::json> sched_cfg;
+    if (!files.model.empty()) {
+        if (io::is_pipeline_folder(files.model)) {
+            std::string pipeline_class;
+            auto comps = io::list_pipeline_components(files.model, &pipeline_class);
+            for (auto& c : comps) {
+                if (c.name == "transformer") m->dit_path_ = c.folder.string();
+                else if (c.name == "vae") m->vae_path_ = c.folder.string();
+                else if (c.name == "text_encoder") m->clip_path_ = c.folder.string();
+                else if (c.name == "text_encoder_2") m->t5_path_ = c.folder.string();
+                else if (c.name == "scheduler") sched_cfg = read_json(c.folder / "scheduler_config.json");
+            }
+            if (m->dit_path_.empty() && files.diffusion_model.empty())
+                fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no transformer folder; FluxPipeline folders have one",
+                     files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
+            m->model_desc_ = "diffusers folder " + files.model;
+        } else {
+            m->dit_path_ = m->vae_path_ = m->t5_path_ = m->clip_path_ = files.model;
+            m->model_desc_ = files.model;
+        }
+        m->dit_flag_ = m->vae_flag_ = m->t5_flag_ = m->clip_flag_ = "-m " + files.model;
+    }
+    if (!files.diffusion_model.empty()) {
+        m->dit_path_ = files.diffusion_model;
+        m->dit_flag_ = "--diffusion-model " + files.diffusion_model;
+        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
+    }
+    if (!files.vae.empty()) {
+        m->vae_path_ = files.vae;
+        m->vae_flag_ = "--vae " + files.vae;
+    }
+    if (!files.t5xxl.empty()) {
+        m->t5_path_ = files.t5xxl;
+        m->t5_flag_ = "--t5xxl " + files.t5xxl;
+    }
+    if (!files.clip_l.empty()) {
+        m->clip_path_ = files.clip_l;
+        m->clip_flag_ = "--clip_l " + files.clip_l;
+    }
+
+    // DiT configuration from its headers (and config.json beside it for the rotary axes).
+    m->dit_idx_ = open_index(m->dit_path_, flag_of(m->dit_flag_));
+    auto src = find_flux_dit(*m->dit_idx_);
+    if (!src)
+        fail(ErrorKind::ModelMismatch,
+             "{}: no FLUX.1 DiT in it (no double_blocks / transformer_blocks with per-block modulation); pass the FLUX.1 model as -m or "
+             "--diffusion-model",
+             m->dit_flag_);
+    m->dsrc_ = *src;
+    m->dcfg_ = infer_flux_dit_config(*m->dit_idx_, m->dsrc_);
+    if (m->dcfg_.in_channels != 64 || m->dcfg_.out_channels != 64)
+        fail(ErrorKind::ModelMismatch, "{}: the DiT takes {} / gives {} features per token; FLUX.1 text-to-image DiTs take 64 (16 channels x 2x2)",
+             m->dit_flag_, m->dcfg_.in_channels, m->dcfg_.out_channels);
+
+    // VAE configuration from its headers.
+    if (m->vae_path_.empty())
+        fail(ErrorKind::ModelMismatch, "{}: no VAE given; pass the FLUX.1 VAE (ae.safetensors) with --vae FILE", m->dit_flag_);
+    if (m->vae_path_ != m->dit_path_) m->vae_idx_ = open_index(m->vae_path_, flag_of(m->vae_flag_));
+    const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->dit_idx_;
+    m->kl_ = vae::find_autoencoder_kl(vi);
+    if (!m->kl_)
+        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.1 VAE (ae.safetensors) with --vae FILE", m->vae_flag_);
+    vae::KLOverrides kov;
+    if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+    auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
+    if (kcfg.latent_channels != 16)
+        fail(ErrorKind::ModelMismatch, "{}: the VAE has {} latent channels; FLUX.1 needs its 16-channel VAE (ae.safetensors)", m->vae_flag_,
+             kcfg.latent_channels);
+    m->spatial_factor_ = kcfg.spatial_factor();
+    if (const nlohmann::json* vc = vi.config()) {
+        if (vc->contains("scaling_factor") && (*vc)["scaling_factor"].is_number()) m->scaling_factor_ = (*vc)["scaling_factor"].get<float>();
+        if (vc->contains("shift_factor") && (*vc)["shift_factor"].is_number()) m->shift_factor_ = (*vc)["shift_factor"].get<float>();
+    }
+
+    // Noise process and the pipeline's schedule parameters.
+    double shift = 1.0;
+    m->shift_src_ = "FLUX.1 default";
+    m->sched_opt_.flow_pipeline_sigmas = true;
+    if (sched_cfg) {
+        const auto num = [&](const char* k, double& v) {
+            if (sched_cfg->contains(k) && (*sched_cfg)[k].is_number()) v = (*sched_cfg)[k].get<double>();
+        };
+        num("base_image_seq_len", m->sched_opt_.base_seq_len);
+        num("max_image_seq_len", m->sched_opt_.max_seq_len);
+        num("base_shift", m->sched_opt_.base_shift);
+        num("max_shift", m->sched_opt_.max_shift);
+        if (!sched_cfg->value("use_dynamic_shifting", false) && sched_cfg->contains("shift") && (*sched_cfg)["shift"].is_number()) {
+            shift = (*sched_cfg)["shift"].get<double>();
+            m->shift_src_ = "scheduler_config.json";
+        }
+    }
+    if (opt.flow_shift > 0.0f) {
+        shift = opt.flow_shift;
+        m->shift_src_ = "--flow-shift";
+    }
+    m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::flow(shift));
+    return m;
+}
+
+std::string Flux1::name() const { return dcfg_.guidance_embeds ? "FLUX.1 dev" : "FLUX.1 schnell"; }
+
+std::string Flux1::describe() const {
+    return fmt::format("{} ({}), DiT hidden {} x ({} double + {} single blocks){}, flow shift {} ({}){}", name(), model_desc_, dcfg_.hidden,
+                       dcfg_.n_double, dcfg_.n_single, dcfg_.guidance_embeds ? fmt::format(", guidance {}", guidance_) : "",
+                       ms_->shift(), shift_src_, te_ ? ", text encoders " + te_->desc : "");
+}
+
+LatentFormat Flux1::latent_format() const {
+    LatentFormat f;
+    f.channels = 16;
+    f.spatial_factor = spatial_factor_;
+    f.scaling_factor = scaling_factor_;
+    f.shift_factor = shift_factor_;
+    return f;
+}
+
+const sampling::ModelSampling& Flux1::model_sampling() const { return *ms_; }
+
+SamplingDefaults Flux1::defaults() const {
+    SamplingDefaults d;
+    d.sampler = "euler";
+    d.scheduler = dcfg_.guidance_embeds ? "flux" : "discrete";
+    d.steps = dcfg_.guidance_embeds ? 20 : 4;
+    d.cfg_scale = 1.0f;
+    d.clip_skip = 0;
+    d.width = d.height = 1024;
+    return d;
+}
+
+sampling::ScheduleOptions Flux1::schedule_options() const { return sched_opt_; }
+
+std::vector<std::string> Flux1::module_files(Module m) const {
+    switch (m) {
+    case Module::Te: {
+        std::vector<std::string> r;
+        if (!t5_path_.empty()) r.push_back(t5_path_);
+        if (!clip_path_.empty() && clip_path_ != t5_path_) r.push_back(clip_path_);
+        return r;
+    }
+    case Module::Diffusion: return {dit_path_};
+    case Module::VaeDecoder:
+    case Module::VaeEncoder: return {vae_path_};
+    }
+    return {};
+}
+
+bool Flux1::loaded(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ != nullptr;
+    case Module::Diffusion: return dit_ != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr;
+    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    }
+    return false;
+}
+
+void Flux1::load(Module m) {
+    if (loaded(m)) return;
+    switch (m) {
+    case Module::Te: {
+        auto te = std::make_unique<TeModels>();
+        // Both encoders' headers are checked before anything is loaded.
+        t5::T5Keys tk;
+        clip::ClipKeys ck;
+        const io::WeightIndex& ti = t5_headers(te->t5_own, tk, te->t5cfg);
+        const io::WeightIndex& ci = clip_headers(te->clip_own, ck, te->clipcfg);
+        te->runner = std::make_unique<runtime::GraphRunner>(opt_.te_device, opt_.threads);
+        te->t5 = std::make_unique<t5::T5Encoder>(te->t5cfg);
+        nn::LoadOptions lo = t5::default_load_options(ti, tk);
+        lo.weight_type = weight_type_;
+        te->t5_params = nn::ParamBuffer::load(*te->t5, t5::make_tensor_source(ti, tk), te->runner->buffer_type(), lo);
+        te->clip = std::make_unique<clip::ClipTextModel>(te->clipcfg);
+        nn::LoadOptions clo = clip::default_load_options(ck, te->clipcfg, ci);
+        clo.weight_type = weight_type_;
+        te->clip_params = nn::ParamBuffer::load(*te->clip, clip::make_tensor_source(ci, ck, te->clipcfg), te->runner->buffer_type(), clo);
+        te->desc = fmt::format("T5 d_model {} x {} layers + CLIP hidden {} x {} layers", te->t5cfg.d_model, te->t5cfg.layers,
+                               te->clipcfg.width, te->clipcfg.layers);
+        te_ = std::move(te);
+        break;
+    }
+    case Module::Diffusion: {
+        dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
+        nn::LoadOptions lo;
+        lo.weight_type = weight_type_;
+        dit_ = std::make_unique<FluxDiTModel>(FluxDiTModel::load(*dit_idx_, dit_runner_->buffer_type(), lo, dcfg_.axes_dims));
+        break;
+    }
+    case Module::VaeDecoder:
+    case Module::VaeEncoder: {
+        if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
+        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
+        vae::KLOverrides kov;
+        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
+        slot = vae::AutoencoderKLModel::load(vi, *kl_, vae_runner_->backend(), kov,
+                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
+        break;
+    }
+    }
+    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
+}
+
+void Flux1::unload(Module m) {
+    switch (m) {
+    case Module::Te: te_.reset(); break;
+    case Module::Diffusion:
+        dit_.reset();
+        dit_runner_.reset();
+        break;
+    case Module::VaeDecoder:
+        vae_dec_.reset();
+        if (!vae_enc_) vae_runner_.reset();
+        break;
+    case Module::VaeEncoder:
+        vae_enc_.reset();
+        if (!vae_dec_) vae_runner_.reset();
+        break;
+    }
+}
+
+size_t Flux1::param_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_ ? te_->t5_params.size() + te_->clip_params.size() : 0;
+    case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
+    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : 0;
+    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    }
+    return 0;
+}
+
+size_t Flux1::compute_bytes(Module m) const {
+    switch (m) {
+    case Module::Te: return te_compute_;
+    case Module::Diffusion: return dit_compute_;
+    case Module::VaeDecoder: return vae_dec_compute_;
+    case Module::VaeEncoder: return vae_enc_compute_;
+    }
+    return 0;
+}
+
+Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
+    // Token ids first (no module needed), then the encoders (headers checked in load()).
+    std::vector<int32_t> t5_ids = text::T5Tokenizer::builtin().encode_padded(prompt, (int)kFlux1T5Tokens);
+    std::vector<int32_t> clip_ids = text::ClipTokenizer::builtin().encode_window(prompt, text::ClipTokenizer::kEos);
+    load(Module::Te);
+    TeModels& te = *te_;
+    t5::check_token_ids(t5_ids, te.t5cfg.vocab);
+    clip::check_token_ids(clip_ids, te.clipcfg.vocab);
+    const int64_t L = kFlux1T5Tokens, Lc = (int64_t)clip_ids.size();
+    if (Lc > te.clipcfg.positions)
+        fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_flag_, te.clipcfg.positions, Lc);
+    const auto buckets = t5::relative_position_buckets(L, te.t5cfg.num_buckets, te.t5cfg.max_distance);
+    const std::vector<int32_t> pool = clip::pool_indices(clip_ids, Lc, 1, te.clipcfg.eos_token_id);
+    auto out = te.runner->run([&](runtime::GraphBuilder& g) {
+        nn::Ctx c{g.ctx(), opt_.flash_attn_te, g.backend()};
+        t5::T5Inputs ti;
+        ti.ids = g.input_i32("t5_ids", {L, 1}, t5_ids);
+        ti.buckets = g.input_i32("t5_buckets", {L * L}, buckets);
+        clip::ClipInputs ci;
+        ci.ids = g.input_i32("clip_ids", {Lc, 1}, clip_ids);
+        ci.pool_index = g.input_i32("clip_pool", {1}, pool);
+        return std::vector<ggml_tensor*>{te.t5->forward(c, ti).last_hidden_state, te.clip->forward(c, ci).pooler_output};
+    });
+    te_compute_ = std::max(te_compute_, te.runner->last_compute_bytes());
+    Conditioning r;
+    r.dim = out[0].ne[0];
+    r.tokens = out[0].ne[1];
+    r.context = std::move(out[0].data);
+    r.pooled = std::move(out[1].data);
+    r.token_ids = std::move(t5_ids);
+    return r;
+}
+
+void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w, double timestep,
+                      const Conditioning& cond, std::span<float> out) {
+    const int64_t C = 16;
+    if (!concat.empty())
+        fail(ErrorKind::InvalidInput, "FLUX.1's DiT takes no extra input channels (got {} values); in-painting is not supported", concat.size());
+    if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
+        fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells (image sides a multiple of {} pixels)", w, h,
+             size_multiple());
+    if ((int64_t)x.size() != C * h * w) fail(ErrorKind::InvalidInput, "DiT latent input has {} values, expected {}x{}x{}", x.size(), C, h, w);
+    if ((int64_t)out.size() != C * h * w)
+        fail(ErrorKind::InvalidInput, "DiT output buffer has {} values, expected {}x{}x{}", out.size(), C, h, w);
+    if (cond.dim != dcfg_.joint_dim)
+        fail(ErrorKind::ModelMismatch, "conditioning width {} does not match the DiT's context width {} ({} expected)", cond.dim, dcfg_.joint_dim,
+             flux1_expected_t5(dcfg_.joint_dim));
+    if (cond.tokens <= 0 || (int64_t)cond.context.size() != cond.tokens * cond.dim)
+        fail(ErrorKind::InvalidInput, "conditioning context has {} values, expected {} tokens x {}", cond.context.size(), cond.tokens, cond.dim);
+    if ((int64_t)cond.pooled.size() != dcfg_.pooled_dim)
+        fail(ErrorKind::ModelMismatch, "the pooled conditioning has {} values; the DiT takes {} ({} pooled output)", cond.pooled.size(),
+             dcfg_.pooled_dim, flux1_expected_clip(dcfg_.pooled_dim));
+    if (!std::isfinite(timestep)) fail(ErrorKind::InvalidInput, "timestep {} is not finite", timestep);
+    load(Module::Diffusion);
+    const auto& cfg = dit_->module->config();
+    const int64_t rows = h / 2, cols = w / 2, Li = rows * cols, Lt = cond.tokens;
+    std::vector<float> img = pack_latents(x, 1, C, h, w);
+    // position ids: text tokens (0, 0, 0), then image tokens (0, y, x)
+    std::vector<float> ids((size_t)(Lt * 3), 0.0f);
+    const std::vector<float> img_ids = flux1_image_ids(rows, cols);
+    ids.insert(ids.end(), img_ids.begin(), img_ids.end());
+    const RopeTables rope = rope_tables(ids, Lt + Li, cfg.axes_dims, cfg.theta);
+    // FluxPipeline: timestep = t / 1000 in float32 (t = sigma * 1000 from the scheduler)
+    const float t_model = (float)timestep / 1000.0f;
+    const float g = guidance_;
+    auto res = dit_runner_->run([&](runtime::GraphBuilder& gb) {
+        nn::Ctx c{gb.ctx(), opt_.flash_attn_diffusion, gb.backend()};
+        FluxInputs in;
+        in.img = gb.input_f32("img", {cfg.in_channels, Li, 1}, img);
+        in.txt = gb.input_f32("txt", {cfg.joint_dim, Lt, 1}, cond.context);
+        in.pooled = gb.input_f32("pooled", {cfg.pooled_dim, 1}, cond.pooled);
+        in.timestep = gb.input_f32("timestep", {1}, std::span<const float>(&t_model, 1));
+        if (cfg.guidance_embeds) in.guidance = gb.input_f32("guidance", {1}, std::span<const float>(&g, 1));
+        in.rope_cos = gb.input_f32("rope_cos", {rope.half_dim, rope.tokens}, rope.cos);
+        in.rope_sin = gb.input_f32("rope_sin", {rope.half_dim, rope.tokens}, rope.sin);
+        return std::vector<ggml_tensor*>{dit_->module->forward(c, in).sample};
+    });
+    dit_compute_ = std::max(dit_compute_, dit_runner_->last_compute_bytes());
+    if (res.at(0).numel() != Li * cfg.out_channels)
+        fail(ErrorKind::Internal, "FLUX.1 DiT: output has {} values, expected {}", res[0].numel(), Li * cfg.out_channels);
+    std::vector<float> lat = unpack_latents(res[0].data, 1, C, h, w);
+    std::copy(lat.begin(), lat.end(), out.begin());
+}
+
+vae::HostTensor Flux1::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
+    if (latent.c != 16) fail(ErrorKind::InvalidInput, "latent has {} channels; FLUX.1 latents have 16", latent.c);
+    load(Module::VaeDecoder);
+    vae::ExecOptions ex;
+    ex.n_threads = opt_.threads;
+    vae::HostTensor z = latent;
+    for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
+    return vae_dec_->decode(z, tiling, ex);
+}
+
+vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
+    load(Module::VaeEncoder);
+    vae::ExecOptions ex;
+    ex.n_threads = opt_.threads;
+    return vae_enc_->encode(image, tiling, ex);
+}
+
+}  // namespace easel::models::flux
