@@ -44,7 +44,7 @@ Writes into --out:
                                     vae_latent [1, 32, H/8, W/8] (what vae.decode gets), image [1, 3, H, W] in [0, 1]
   te_hidden_states.safetensors      for the first case: every hidden_states[i] over the real tokens (debugging)
   taef2_test_image.png              a procedural photo-like test image (256x192), deterministic
-  taef2_check.safetensors           TAEF2 (the real weights) on it: latents [1, 32, 24, 32], decoded [1, 3, 192, 256]
+  taef2_check.safetensors           TAEF2 (the real weights) on it: latents [1, 32, 24, 32]
   taef2_check.json                  PSNR of encode -> decode (float, and after uint8 rounding)
 """
 
@@ -328,7 +328,7 @@ def run_case(pipe, case, out, dump_hidden):
     t["vae_latent"] = dec_in["z"]
     t["image"] = torch.from_numpy(np.ascontiguousarray(img)).permute(0, 3, 1, 2).float()
     t["dit0_x"], t["dit0_t"], t["dit0_out"] = first["x"], first["t"], first["out"]
-    t["dit0_img_ids"], t["dit0_txt_ids"], t["dit0_ctx"] = first["img_ids"], first["txt_ids"], first["ctx"]
+    t["dit0_img_ids"], t["dit0_txt_ids"] = first["img_ids"], first["txt_ids"]  # (encoder_hidden_states = cond / uncond)
     n_img = lh * lw
     if refs:
         t["ref_latents"] = first["x"][:, n_img:].clone()  # own storage: save_file refuses shared memory
@@ -423,7 +423,7 @@ def taef2_check(out, enc_path, dec_path):
            "note": "PSNR over [0,1] RGB, decoded clamped to [0,1]; weights = tests/data/reference/"
                    "autoencoder_tiny_taef2_{encoder,decoder}.safetensors (fp16) run in float32 on the CPU; "
                    "architecture madebyollin/taesd taesd.py Encoder/Decoder(use_midblock_gn=True)"}
-    save_file({"latents": lat.contiguous(), "decoded": y.contiguous()}, os.path.join(out, "taef2_check.safetensors"))
+    save_file({"latents": lat.contiguous()}, os.path.join(out, "taef2_check.safetensors"))
     with open(os.path.join(out, "taef2_check.json"), "w") as f:
         json.dump(res, f, indent=1)
     print("taef2:", res)
