@@ -1,4 +1,5 @@
 // `easel generate`: text-to-image, image-to-image and inpainting with sd-cli's flags.
+#include "autofit_cli.h"
 #include "command.h"
 #include "generate_options.h"
 
@@ -59,6 +60,11 @@ EASEL_COMMAND(
                 }
                 (void)t_last;
             };
+            if (p->placement.auto_fit) {
+                // --auto-fit: the plan as explicit flags and the per-device table, before anything is loaded
+                const auto fit = cli::apply_auto_fit(*p);
+                log::info("{}", placement::format_fit(fit));
+            }
             if (!p->stage.empty()) {
                 for (auto& f : pipeline::run_stage(pipeline::parse_stage(p->stage), *p, progress)) std::printf("%s\n", f.c_str());
                 return 0;

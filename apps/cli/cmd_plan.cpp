@@ -1,5 +1,6 @@
 // `easel plan <generate arguments>`: the placement plan and the predicted bytes per device of a
 // generate job, without loading weights or running anything (docs/placement.md).
+#include "autofit_cli.h"
 #include "command.h"
 #include "generate_options.h"
 
@@ -30,9 +31,14 @@ EASEL_COMMAND(
                    "Examples:\n"
                    "  easel plan -m sd15.safetensors -p \"a cat\" --backend \"diffusion=CUDA0&CUDA1\"\n"
                    "  easel plan -m sd15.safetensors -W 1024 -H 1024 --backend cuda0 --params-backend diffusion=cpu --stream-layers --max-vram cuda0=2\n"
-                   "  easel plan --rpc-servers 127.0.0.1:50052,127.0.0.1:50053 --backend \"diffusion=RPC0&RPC1\"");
+                   "  easel plan --rpc-servers 127.0.0.1:50052,127.0.0.1:50053 --backend \"diffusion=RPC0&RPC1\"\n"
+                   "  easel plan -m flux1-dev.safetensors -W 1024 -H 1024 --auto-fit --max-vram 8");
         return [p, common]() -> int {
             cli::apply_common_options(*common);
+            if (p->placement.auto_fit) {
+                // --auto-fit: the planner's choice, then the same table as explicit flags would give
+                fmt::print("{}\n", placement::format_fit(cli::apply_auto_fit(*p)));
+            }
             auto spec = std::make_shared<placement::PlacementSpec>(placement::parse_placement(p->placement, placement::device_names()));
             for (auto& w : spec->warnings) log::warn("{}", w);
             models::ModelFiles files;

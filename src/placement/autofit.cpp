@@ -28,6 +28,8 @@ constexpr double kGiB = 1024.0 * kMiB;
 constexpr uint64_t kSlack = 8 << 10;
 
 double mib(uint64_t b) { return (double)b / kMiB; }
+/// "9480" for large sizes, "1.74" for small ones (the tiny test models are a few MiB).
+std::string mibs(uint64_t b) { return b >= 100 * kMiB ? fmt::format("{:.0f}", mib(b)) : fmt::format("{:.2f}", mib(b)); }
 double gib(uint64_t b) { return (double)b / kGiB; }
 
 /// Defaults of the cost model where a device gives no figure (orders of magnitude: a PCIe 4
@@ -59,6 +61,7 @@ struct Candidate {
     uint64_t ram = 0;                       ///< host RAM held during the stage (Host params, CPU execution)
     std::map<std::string, uint64_t> caps;   ///< budgets the planner lowered (max-allocation limits)
     std::string note;                       ///< why this candidate (for the reasons)
+    int order = 0;                          ///< enumeration order (fastest device first)
 };
 
 /// The smallest miss seen for a module (for the "nothing fits" message).
@@ -78,10 +81,12 @@ public:
             if (d.is_cpu()) cpu_ = &d;
             else if (d.budget > 0) accels_.push_back(&d);
         }
-        // fastest first: compute throughput, then bandwidth; stable on the given order
-        std::stable_sort(accels_.begin(), accels_.end(), [](const FitDevice* a, const FitDevice* b) {
+        // fastest first: compute throughput, then bandwidth in factor-2 buckets (measured
+        // bandwidths of identical devices differ by noise: they keep the given order)
+        auto bucket = [](const FitDevice& d) { return std::floor(std::log2(bandwidth(d))); };
+        std::stable_sort(accels_.begin(), accels_.end(), [&](const FitDevice* a, const FitDevice* b) {
             if (flops(*a) != flops(*b)) return flops(*a) > flops(*b);
-            return bandwidth(*a) > bandwidth(*b);
+            return bucket(*a) > bucket(*b);
         });
         for (auto& d : r.devices) budgets_[d.name] = d.budget;
         if (cpu_ && cpu_->budget == 0) budgets_.erase(cpu_->name);  // host RAM unknown: unlimited
@@ -159,11 +164,13 @@ public:
                 p = plan_module(m.module, place, stream, costs, budgets);
             } catch (const Error& e) {
                 if (e.kind() != ErrorKind::OutOfMemory) throw;
+                log::debug("auto-fit: {}: does not fit ({})", what, e.what());
                 note_shortfall(m, place, stream, costs, sf, what);
                 return std::nullopt;
             }
             const std::string viol = alloc_violation(p);
             if (!viol.empty()) {
+                log::debug("auto-fit: {}: {}", what, viol);
                 // the device whose slot/state is too big: lower its budget by a sixth and retry
                 bool lowered = false;
                 for (auto& s : p.segments) {
@@ -189,6 +196,7 @@ public:
                 continue;
             }
             Candidate c;
+            c.order = counter_++;
             c.tier = tier;
             c.place = std::move(place);
             c.stream = stream;
@@ -199,6 +207,7 @@ public:
             c.caps = std::move(caps);
             c.note = what;
             if (ram_budget() > 0 && c.ram > ram_budget()) {
+                log::debug("auto-fit: {}: needs {:.1f} MiB of host RAM, {:.1f} MiB available", what, mib(c.ram), mib(ram_budget()));
                 Shortfall s;
                 s.bytes = c.ram - ram_budget();
                 s.need = c.ram;
@@ -221,9 +230,11 @@ public:
         if (s.bytes < best.bytes) best = s;
     }
 
-    /// The smallest need of a failed candidate against its budget (for the message).
+    /// The smallest need of a failed candidate against its budget (for the message): the
+    /// plan_module configuration with the least device memory for that placement.
     void note_shortfall(const FitModule& m, const ModulePlacement& place, bool stream, const ModuleCosts& c, Shortfall& sf,
                         const std::string& what) const {
+        (void)m;
         const int n = (int)c.block_bytes.size();
         const uint64_t params = total_params(c);
         uint64_t have = 0;
@@ -231,19 +242,25 @@ public:
             auto it = budgets_.find(d);
             have += it == budgets_.end() ? 0 : it->second;
         }
-        uint64_t comp = c.measure(0, n, true, true, place.devices[0]);
-        uint64_t need_params = params, need_comp = comp;
-        if (n > 0 && (stream || !place.params.empty())) {
-            // streamed / segmented: two slots of the largest block beside a single-block compute buffer
-            uint64_t blk = *std::max_element(c.block_bytes.begin(), c.block_bytes.end());
-            uint64_t one = 0;
-            for (int i = 0; i < n; ++i) one = std::max(one, c.measure(i, i + 1, i == 0, i == n - 1, place.devices[0]));
-            if (!place.params.empty() && place.params != kDisk) {
-                need_params = 2 * (blk + kSlack);
-                need_comp = one;
+        const std::string& dev = place.devices[0];
+        uint64_t need_params = params, need_comp = c.measure(0, n, true, true, dev);
+        const bool host = !place.params.empty() && place.params != kDisk;
+        if (n > 0) {
+            uint64_t one = 0, state = 0, slot = 0;
+            for (int i = 0; i < n; ++i) {
+                one = std::max(one, c.measure(i, i + 1, i == 0, i == n - 1, dev));
+                slot = std::max(slot, c.block_bytes[(size_t)i] + ((i == 0 || i == n - 1) ? c.prologue_bytes : 0));
             }
-        } else if (place.devices.size() > 1) {
-            need_comp = comp;  // a device's share of the graph: at most the whole one
+            if (c.state_bytes)
+                for (int e = 1; e < n; ++e) state = std::max(state, c.state_bytes(e));
+            const uint64_t states = state ? 2 * (state + kSlack) : 0;
+            if (host || stream) {
+                // every block uploaded per evaluation: two slots beside a single-block graph
+                need_params = 2 * (slot + kSlack);
+                need_comp = one + states;
+            } else if (place.devices.size() == 1 && one + states < need_comp) {
+                need_comp = one + states;  // one segment per block
+            }
         }
         Shortfall s;
         s.need = need_params + need_comp;
@@ -251,17 +268,19 @@ public:
         s.bytes = s.need > have ? s.need - have : 0;
         s.params = need_params;
         s.compute = need_comp;
-        s.where = place.devices.size() == 1 ? place.devices[0] : "the devices " + fmt::format("{}", fmt::join(place.devices, "&"));
+        s.where = place.devices.size() == 1 ? dev : join(place.devices);
         s.what = what;
-        (void)m;
         record(sf, s);
     }
+
+    static std::string join(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, "&")); }
 
 private:
     const FitRequest& req_;
     const FitDevice* cpu_ = nullptr;
     std::vector<const FitDevice*> accels_;
     std::map<std::string, uint64_t> budgets_;
+    mutable int counter_ = 0;
 };
 
 bool multi_device_ok(PModule m) { return m == PModule::Diffusion || m == PModule::Te; }
@@ -296,7 +315,7 @@ std::string cheapest_change(const Shortfall& s, const FitModule& m, const FitJob
     if (s.compute > 0 && (double)s.compute > sf) {
         const double f = std::sqrt(((double)s.compute - sf) / (double)s.compute);
         const int w = (int)(job.width * f) / 64 * 64, h = (int)(job.height * f) / 64 * 64;
-        if (w >= 64 && h >= 64) res = fmt::format("a lower resolution (about {}x{} instead of {}x{})", w, h, job.width, job.height);
+        if (w >= 64 && h >= 64 && (w < job.width || h < job.height)) res = fmt::format("a lower resolution (about {}x{} instead of {}x{})", w, h, job.width, job.height);
         if (w >= job.width * 3 / 4 && h >= job.height * 3 / 4 && !res.empty()) return res;
     }
     // weights: q8_0 = 34 bytes per 32 weights, q4_0 = 18 per 32 (ggml block sizes)
@@ -312,7 +331,7 @@ std::string cheapest_change(const Shortfall& s, const FitModule& m, const FitJob
         }
     }
     if (!res.empty()) return res;
-    return s.ram ? fmt::format("{:.0f} MiB more host RAM", mib(s.bytes)) : fmt::format("{:.0f} MiB more memory on {}", mib(s.bytes), s.where);
+    return s.ram ? fmt::format("{} MiB more host RAM", mibs(s.bytes)) : fmt::format("{} MiB more memory on {} (a larger --max-vram)", mibs(s.bytes), s.where);
 }
 
 std::string fmt_gib(double g) {
@@ -375,6 +394,17 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         }
         auto best_of = [](std::vector<Candidate>& v) {
             std::stable_sort(v.begin(), v.end(), [](const Candidate& a, const Candidate& b) { return a.seconds < b.seconds; });
+            // within 5% of the best counts as a tie: the earliest candidate (fastest device first) wins
+            if (v.size() > 1) {
+                std::vector<Candidate> ordered;
+                size_t pick = 0;
+                for (size_t i = 0; i < v.size(); ++i)
+                    if (v[i].seconds <= v[0].seconds * 1.05 && v[i].order < v[pick].order) pick = i;
+                ordered.push_back(v[pick]);
+                for (size_t i = 0; i < v.size(); ++i)
+                    if (i != pick) ordered.push_back(v[i]);
+                v = std::move(ordered);
+            }
         };
         for (int tier = 2; tier <= 6 && cands[k].empty(); ++tier) {
             std::vector<Candidate> got;
@@ -465,9 +495,9 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                 fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; try a quantised --type or other devices", mn,
                      s.what.empty() ? "no device can run it" : s.what);
             fail(ErrorKind::OutOfMemory,
-                 "--auto-fit: nothing fits {}: the closest plan ({}) needs {:.0f} MiB of {} but {:.0f} MiB are available (short {:.0f} MiB); "
+                 "--auto-fit: nothing fits {}: the closest plan ({}) needs {} MiB of {} but {} MiB are available (short {} MiB); "
                  "cheapest change: {}",
-                 mn, s.what, mib(s.need), s.where, mib(s.have), mib(s.bytes), cheapest_change(s, m, req.job));
+                 mn, s.what, mibs(s.need), s.where, mibs(s.have), mibs(s.bytes), cheapest_change(s, m, req.job));
         }
     }
 
@@ -560,14 +590,19 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     else
         out.reasons.insert(out.reasons.begin(), fmt::format("tier {} ({}): not everything is resident at once; each module takes its best tier",
                                                             (int)out.tier, tier_name(out.tier)));
-    // predicted peaks: sum over modules for tier 1 (all loaded), else max over stages
+    // predicted peaks as the pipeline runs (one stage at a time: the largest stage), and for
+    // tier 1 the bytes of every module loaded at once (what made it tier 1)
     for (auto& c : out.choices) {
         std::map<std::string, uint64_t> here;
         for (auto& u : c.plan.devices) here[u.device] += u.total();
         if (c.plan.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += c.plan.host_bytes;
-        for (auto& [d, b] : here)
-            out.predicted_peak[d] = out.tier == Tier::Resident ? out.predicted_peak[d] + b : std::max(out.predicted_peak[d], b);
+        for (auto& [d, b] : here) {
+            out.predicted_peak[d] = std::max(out.predicted_peak[d], b);
+            if (out.tier == Tier::Resident) out.resident_bytes[d] += b;
+        }
     }
+    for (auto& [d, b] : out.resident_bytes)
+        out.reasons.push_back(fmt::format("{}: {:.0f} MiB with every module loaded at once, budget {:.0f} MiB", d, mib(b), mib(P.device(d)->budget)));
 
     f.backend = backend;
     f.params_backend = params;
@@ -616,7 +651,7 @@ std::string format_fit(const FitResult& r) {
                                 r.flags_line);
     for (auto& l : r.reasons) s += "  " + l + "\n";
     s += format_plan(r.plans());
-    s += fmt::format("{:<24} {:>14}\n", "device", "peak MiB");
+    s += fmt::format("{:<24} {:>14}\n", "device", "peak MiB");  // as the pipeline runs: the largest stage
     for (auto& [d, b] : r.predicted_peak) s += fmt::format("{:<24} {:>14.1f}\n", d, mib(b));
     return s;
 }

@@ -115,8 +115,11 @@ struct FitResult {
     std::string flags_line;               ///< the same as one command-line fragment (copy, edit, rerun)
     int vae_tile = 0;                     ///< > 0: --vae-tiling --vae-tile-size TxT
     std::vector<std::string> reasons;     ///< one line per decision
-    /// Predicted peak bytes per device over the job (max over stages; sum for tier 1).
+    /// Predicted peak bytes per device over the job as the pipeline runs it (one module per
+    /// stage, freed after: the largest stage), the figure the measured peak is compared with.
     std::map<std::string, uint64_t> predicted_peak;
+    /// Tier 1 only: bytes per device with every module loaded at once (each <= the budget).
+    std::map<std::string, uint64_t> resident_bytes;
     double seconds = 0;                   ///< predicted time of the job
     std::vector<ModulePlan> plans() const;
 };

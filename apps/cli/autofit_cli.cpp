@@ -1,0 +1,187 @@
+// --auto-fit glue for the CLI (see autofit_cli.h).
+#include "autofit_cli.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/strings.h"
+#include "models/family.h"
+#include "pipeline/cache.h"
+#include "pipeline/generate.h"
+#include "placement/devices.h"
+#include "placement/plan.h"
+
+#include <fmt/format.h>
+#include <ggml-backend.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+namespace easel::cli {
+
+namespace {
+
+using placement::PModule;
+
+/// Modules named by the entries of a --backend / --params-backend value: a bare NAME or an
+/// all=/default=/*= entry names every module.
+std::array<bool, placement::kModuleCount> named_modules(const std::string& value) {
+    std::array<bool, placement::kModuleCount> out{};
+    std::stringstream ss(value);
+    std::string e;
+    while (std::getline(ss, e, ',')) {
+        e.erase(0, e.find_first_not_of(" \t"));
+        e.erase(e.find_last_not_of(" \t") + 1);
+        if (e.empty()) continue;
+        const size_t eq = e.find('=');
+        const std::string key = eq == std::string::npos ? "" : ascii_lower(e.substr(0, eq));
+        if (key.empty() || key == "all" || key == "default" || key == "*") out.fill(true);
+        else out[(size_t)placement::parse_pmodule(key)] = true;
+    }
+    return out;
+}
+
+/// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+uint64_t host_available() {
+    std::ifstream f("/proc/meminfo");
+    std::string k;
+    uint64_t v = 0;
+    std::string unit;
+    while (f >> k >> v >> unit)
+        if (k == "MemAvailable:") return v * 1024;
+    return 0;
+}
+
+std::string file_stamp(const std::string& path) {
+    std::error_code ec;
+    if (path.empty()) return "";
+    auto sz = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+    auto t = std::filesystem::last_write_time(path, ec);
+    return fmt::format("{}:{}:{}", path, sz, ec ? 0 : (long long)t.time_since_epoch().count());
+}
+
+}  // namespace
+
+placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
+    using namespace placement;
+    const PlacementFlags user = p.placement;
+    const auto names = device_names();
+    PlacementSpec uspec = parse_placement(user, names);
+
+    models::ModelFiles files;
+    files.model = p.model;
+    files.diffusion_model = p.diffusion_model;
+    files.vae = p.vae;
+    files.taesd = p.taesd;
+    files.clip_l = p.clip_l;
+    files.clip_g = p.clip_g;
+    files.t5xxl = p.t5xxl;
+    files.llm = p.llm;
+    if (files.model.empty() && files.diffusion_model.empty()) files.model = pipeline::find_demo_model();
+    if (files.model.empty() && files.diffusion_model.empty())
+        fail(ErrorKind::InvalidInput, "no model: pass -m FILE (the bundled demo model was not found)");
+    models::FamilyOptions fo;
+    fo.threads = p.threads;
+    fo.flash_attn_te = p.flash_attn;
+    fo.flash_attn_diffusion = p.flash_attn || p.diffusion_fa;
+    fo.weight_type = p.weight_type;
+    fo.prediction = p.prediction;
+    fo.flow_shift = p.flow_shift;
+    auto fam = models::open_family(files, fo);
+    const int f = fam->latent_format().spatial_factor, mult = fam->size_multiple();
+    const int W = std::max(mult, p.width / mult * mult), H = std::max(mult, p.height / mult * mult);
+    const int64_t h = H / f, w = W / f;
+    auto costs = fam->placement_costs(h, w);
+    if (costs.empty())
+        fail(ErrorKind::Unsupported, "--auto-fit: {} has no module that runs under a placement plan in this build; use explicit --backend flags",
+             fam->name());
+
+    FitRequest req;
+    req.job.width = W;
+    req.job.height = H;
+    req.job.batch = p.batch_count;
+    req.job.steps = p.steps;
+    req.job.cfg = p.cfg_scale != 1.0f;
+    req.max_vram = user.max_vram;
+    req.headroom = user.headroom;
+
+    // devices: budgets as the runtime resolves them, the CPU's = available host RAM
+    const auto devs = list_devices();
+    const auto budgets = resolve_budgets(uspec, devs);
+    for (auto& d : devs) {
+        if (d.type != "cpu" && d.type != "gpu" && d.type != "igpu" && d.type != "accel") continue;
+        FitDevice fd;
+        fd.name = d.name;
+        fd.type = d.type;
+        double head = uspec.headroom_all_mib.value_or(0.0);
+        if (auto it = uspec.headroom_mib.find(d.name); it != uspec.headroom_mib.end()) head = it->second;
+        fd.headroom = (uint64_t)(head * 1024 * 1024);
+        if (auto it = budgets.find(d.name); it != budgets.end()) fd.budget = it->second;
+        else if (d.type == "cpu") {
+            const uint64_t avail = host_available();
+            fd.budget = avail > fd.headroom ? avail - fd.headroom : 0;
+        }
+        const size_t mx = ggml_backend_buft_get_max_size(ggml_backend_dev_buffer_type(d.dev));
+        fd.max_alloc = mx == SIZE_MAX ? 0 : (uint64_t)mx;
+        if (d.type != "cpu" && fd.budget > 0) fd.h2d_bytes_per_s = measure_h2d_bandwidth(d.dev, 8u << 20);
+        req.devices.push_back(fd);
+    }
+
+    // the user's explicit entries
+    const auto pin_dev = named_modules(user.backend), pin_par = named_modules(user.params_backend);
+    for (int i = 0; i < kModuleCount; ++i) {
+        const PModule m = (PModule)i;
+        const bool dev_pinned = pin_dev[(size_t)i] || (m == PModule::Te && user.clip_on_cpu) || (m == PModule::Vae && user.vae_on_cpu);
+        if (dev_pinned) req.pinned_devices[(size_t)i] = uspec[m].devices;
+        if (pin_par[(size_t)i] || user.offload_to_cpu) req.pinned_params[(size_t)i] = uspec[m].params;
+    }
+
+    // modules, their measurements cached per shape
+    std::vector<std::unique_ptr<MeasureCache>> caches;
+    std::filesystem::path cache_dir;
+    if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : std::filesystem::path(p.cache_dir);
+    const double cfg = req.job.cfg ? 2.0 : 1.0;
+    for (auto& c : costs) {
+        FitModule m;
+        m.module = c.module;
+        m.costs = c;
+        std::vector<std::string> key{"autofit-measure-v1", fam->name(), pmodule_name(c.module), p.weight_type, std::to_string(h), std::to_string(w),
+                                     fo.flash_attn_te ? "fa" : "", fo.flash_attn_diffusion ? "dfa" : ""};
+        for (auto* path : {&files.model, &files.diffusion_model, &files.vae, &files.taesd, &files.clip_l, &files.clip_g, &files.t5xxl, &files.llm})
+            key.push_back(file_stamp(*path));
+        caches.push_back(std::make_unique<MeasureCache>(cache_dir, key));
+        m.costs.measure = caches.back()->wrap(c.measure);
+        switch (c.module) {
+            case PModule::Diffusion: m.evals = p.steps * cfg * p.batch_count; break;
+            case PModule::Te: m.evals = cfg * p.batch_count; break;
+            default: m.evals = p.batch_count; break;
+        }
+        req.modules.push_back(std::move(m));
+    }
+
+    FitResult fit = auto_fit(req);
+    for (auto& c : caches) c->flush();
+
+    PlacementFlags next = fit.flags;
+    next.split_mode = user.split_mode;
+    p.placement = next;
+    if (fit.vae_tile > 0) {
+        p.vae_tiling = true;
+        p.vae_tile_size = fmt::format("{}x{}", fit.vae_tile, fit.vae_tile);
+    }
+    for (int i = 0; i < kModuleCount; ++i) {
+        bool planned = false;
+        for (auto& c : fit.choices) planned |= (int)c.module == i;
+        const PModule m = (PModule)i;
+        if (!planned && (m == PModule::Te || m == PModule::Vae))
+            fit.reasons.push_back(fmt::format("{}: not costed by {} in this build: runs whole on the default device", pmodule_name(m), fam->name()));
+    }
+    int hits = 0, misses = 0;
+    for (auto& c : caches) hits += c->hits(), misses += c->misses();
+    fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} from the cache{}", misses, hits,
+                                      cache_dir.empty() ? " (--no-cache)" : " (" + (cache_dir / "autofit").string() + ")"));
+    return fit;
+}
+
+}  // namespace easel::cli

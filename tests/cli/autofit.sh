@@ -1,0 +1,140 @@
+#!/bin/bash
+# --auto-fit end to end with the tiny SD pipeline and two `easel rpc-server`s on 127.0.0.1 as
+# accelerators: a sweep over resolutions and --max-vram caps where no auto-fit run fails for
+# memory, every run's measured peak per RPC device within 10% of the prediction (and within its
+# cap), the image equal to the plain CPU run's, the printed flags line reproducing the plan when
+# passed back explicitly, and `easel plan --auto-fit` printing the plan without running.
+# Usage: autofit.sh EASEL_BINARY TEST_DATA_DIR
+set -u
+easel="$1"
+data="$2"
+model="$data/reference/sd_tiny/sd_tiny.safetensors"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [ -n "${KEEP_TMP:-}" ] && echo "logs kept in $tmp" || rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+
+port0=$((53000 + ($$ % 400) * 2))
+port1=$((port0 + 1))
+for port in $port0 $port1; do
+  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 50); do
+  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
+  sleep 0.1
+done
+rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+cache="$tmp/cache"
+
+# check_peaks LOG CAPS: every "RPCn predicted measured" row: measured within 10% of predicted,
+# and not above the device's cap (MiB; "-" = none)
+check_peaks() {
+  local log="$1" cap0="$2" cap1="$3" name="$4"
+  local rows
+  rows=$(awk '$1 ~ /^RPC[01]/ && NF == 3 && $2 ~ /^[0-9.]+$/ && $3 ~ /^[0-9.]+$/ { print $1, $2, $3 }' "$log")
+  if [ -z "$rows" ]; then
+    echo "FAIL $name: no measured peak printed for an RPC device"
+    return 1
+  fi
+  local bad
+  bad=$(printf '%s\n' "$rows" | awk -v c0="$cap0" -v c1="$cap1" '{
+      dev = substr($1, 1, 4); cap = dev == "RPC0" ? c0 : c1;
+      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " dev;
+      else if (cap != "-" && $3 > cap) print "measured " $3 " MiB above the cap " cap " MiB on " dev }')
+  if [ -n "$bad" ]; then
+    echo "FAIL $name: $bad"
+    return 1
+  fi
+  echo "ok   $name: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", substr($1,1,4), $3, $2 }')"
+}
+
+# sweep: sizes x caps. The caps are fractions of the job's uncapped need on one device (the
+# predicted peak of RPC0 when auto-fit puts everything there), so each size meets plans that
+# split, stream or move modules to the CPU.
+for size in 64 128 256; do
+  job=(-m "$model" -p "a cat" -W "$size" -H "$size" --steps 2 -s 1 -t 1 --cache-dir "$cache")
+  "$easel" generate "${job[@]}" --backend cpu -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" ||
+    { echo "FAIL plain run at $size: $(tail -1 "$tmp/plain.log")"; fails=$((fails + 1)); continue; }
+  "$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/need.log" 2>&1
+  need=$(awk '$1 ~ /^RPC[01]/ && NF == 2 && $2 > n { n = $2 } END { if (n) print n }' "$tmp/need.log")
+  if [ -z "$need" ]; then
+    echo "FAIL uncapped plan at $size: $(tail -1 "$tmp/need.log")"
+    fails=$((fails + 1))
+    continue
+  fi
+  for fr in "- -" "0.6 0.6" "0.35 0.35" "0.3 0.8"; do
+    set -- $fr
+    c0=- c1=- mv=""
+    if [ "$1" != "-" ]; then
+      c0=$(awk -v n="$need" -v f="$1" 'BEGIN { printf "%.2f", n * f }')
+      c1=$(awk -v n="$need" -v f="$2" 'BEGIN { printf "%.2f", n * f }')
+      mv="--max-vram RPC0=$(awk -v m="$c0" 'BEGIN { printf "%.6f", m / 1024 }'),RPC1=$(awk -v m="$c1" 'BEGIN { printf "%.6f", m / 1024 }')"
+    fi
+    name="auto-fit ${size}x${size} caps $c0/$c1 MiB"
+    # (--no-cache below: a conditioning-cache hit would skip the text encoder and its peak)
+    if ! "$easel" generate "${job[@]}" --no-cache $rpc --auto-fit $mv -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
+      echo "FAIL $name: $(grep -i error "$tmp/out.log" | head -1)"
+      fails=$((fails + 1))
+      continue
+    fi
+    flags=$(grep -m1 "^  --backend" "$tmp/out.log")
+    if ! cmp -s "$tmp/plain.png" "$tmp/out.png"; then
+      # the RPC servers run the CPU backend: the same ops, so the same bytes
+      echo "FAIL $name: image differs from the plain CPU run ($flags)"
+      fails=$((fails + 1))
+      continue
+    fi
+    cp "$tmp/out.log" "$tmp/last-$size-$c0.log"
+    if [ -z "$flags" ]; then
+      echo "FAIL $name: no flags line printed"
+      fails=$((fails + 1))
+    elif [[ "$(sed -E 's/.*--backend "([^"]*)".*/\1/' <<<"$flags")" == *RPC* ]]; then
+      check_peaks "$tmp/out.log" "$c0" "$c1" "$name [$flags]" || fails=$((fails + 1))
+    else
+      echo "ok   $name: everything on the CPU [$flags]"
+    fi
+  done
+done
+
+# the printed flags line, passed back explicitly, gives the same plan table
+job=(-m "$model" -p "a cat" -W 128 -H 128 --steps 2 -s 1 -t 1 --cache-dir "$cache")
+if "$easel" plan "${job[@]}" $rpc --auto-fit --max-vram "RPC0=0.002,RPC1=0.002" >"$tmp/plan.log" 2>&1; then
+  line=$(grep -m1 "^  --backend" "$tmp/plan.log")
+  eval "args=($line)"
+  if "$easel" plan "${job[@]}" $rpc "${args[@]}" >"$tmp/plan2.log" 2>&1 &&
+    diff <(sed -n '/^job:/,$p' "$tmp/plan.log" | grep -E "^(te|diffusion) ") <(sed -n '/^job:/,$p' "$tmp/plan2.log" | grep -E "^(te|diffusion) ") >/dev/null &&
+    grep -q "^diffusion " "$tmp/plan2.log"; then
+    echo "ok   easel plan --auto-fit: the flags line ($line) reproduces the plan"
+  else
+    echo "FAIL easel plan: the flags line does not reproduce the plan: $(tail -2 "$tmp/plan2.log")"
+    fails=$((fails + 1))
+  fi
+  # the second planning of the same job answers every measurement from the cache
+  "$easel" plan "${job[@]}" $rpc --auto-fit --max-vram "RPC0=0.002,RPC1=0.002" >"$tmp/plan3.log" 2>&1
+  if grep -q "compute buffers: 0 measured" "$tmp/plan3.log"; then
+    echo "ok   measurement cache: $(grep -o 'compute buffers: [^(]*' "$tmp/plan3.log")"
+  else
+    echo "FAIL measurement cache: $(grep 'compute buffers' "$tmp/plan3.log")"
+    fails=$((fails + 1))
+  fi
+else
+  echo "FAIL easel plan --auto-fit: $(tail -2 "$tmp/plan.log")"
+  fails=$((fails + 1))
+fi
+
+# nothing fits: one error line naming the shortfall and a change
+out=$("$easel" plan "${job[@]}" $rpc --auto-fit --backend "te=RPC0,diffusion=RPC0,vae=RPC0" --max-vram "RPC0=0.0005" 2>&1 >/dev/null | grep -v -i connection)
+if [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] && [[ "$out" == *"nothing fits"* ]] && [[ "$out" == *"short"* ]] && [[ "$out" == *"cheapest change"* ]]; then
+  echo "ok   nothing fits: $out"
+else
+  echo "FAIL nothing fits: $out"
+  fails=$((fails + 1))
+fi
+
+[ "$fails" -eq 0 ] && echo "all auto-fit checks passed" || echo "$fails auto-fit checks failed"
+[ "$fails" -eq 0 ]
