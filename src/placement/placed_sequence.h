@@ -132,6 +132,7 @@ public:
                 plan_ = p;
                 log::info("placement plan for the {} module:\n{}", pmodule_name(module_), format_plan({plan_}));
                 runner_ = make_runner();
+                runner_->split_non_block_params(make_inputs, select);  // as the costs' runner did
                 runner_->load(plan_);
                 if (phase_) runner_->begin_phase();
             }

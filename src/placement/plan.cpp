@@ -29,10 +29,13 @@ uint64_t sum(const std::vector<uint64_t>& v, int b, int e) {
     return s;
 }
 
-/// Parameter bytes of a segment: its blocks + the non-block parameters when it runs the
-/// prologue or the epilogue (loaded with each such segment: they may be on different devices).
+/// Parameter bytes of a segment: its blocks + the non-block parameters its graph reads when it
+/// runs the prologue or the epilogue (loaded with each such segment: they may be on different
+/// devices; ModuleCosts::prologue_used_bytes / epilogue_used_bytes when known, else all).
 uint64_t seg_params(const ModuleCosts& c, int b, int e, bool pro, bool epi) {
-    return sum(c.block_bytes, b, e) + ((pro || epi) ? c.prologue_bytes : 0);
+    const bool known = c.prologue_used_bytes || c.epilogue_used_bytes;
+    const uint64_t rest = !(pro || epi) ? 0 : (!known || (pro && epi)) ? c.prologue_bytes : pro ? c.prologue_used_bytes : c.epilogue_used_bytes;
+    return sum(c.block_bytes, b, e) + rest;
 }
 
 Segment make_seg(const ModuleCosts& c, const std::string& dev, int b, int e, int n, Residency r, bool per_eval) {
@@ -155,13 +158,81 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         return p;
     };
 
+    // Plans blocks [b0, e0) on one device: the whole module on a single device, or one device's
+    // range of a layer split. Resident as one graph when it fits (and no streaming is asked);
+    // else, with the parameters in host RAM, leading blocks resident and the rest streamed
+    // (--stream-layers) or --max-vram segments uploaded per evaluation; with parameters on the
+    // device, one graph per block (smaller compute buffers).
+    auto plan_range = [&](const std::string& dev, int b0, int e0, bool split) -> std::vector<Segment> {
+        const uint64_t budget = budget_of(dev);
+        std::vector<Segment> whole{make_seg(c, dev, b0, e0, n, r, false)};
+        const DeviceUse whole_use = use_of(whole, dev, budget);
+        if (fits(whole_use) && !(stream && r == Residency::Host)) return whole;
+        if (!fits(whole_use) && r == Residency::Disk) does_not_fit(module, whole_use, r, split);
+        if (e0 == b0) return whole;
+
+        // single-block compute buffers (the estimate for cutting; every segment is measured after)
+        uint64_t comp = 0, state = 0;
+        for (int i = b0; i < e0; ++i) comp = std::max(comp, c.measure(i, i + 1, i == 0, i == n - 1, dev));
+        if (c.state_bytes)
+            for (int e = std::max(b0, 1); e <= std::min(e0, n - 1); ++e) state = std::max(state, c.state_bytes(e));
+        comp += 2 * state;  // the states kept on the device between two graphs (see use_of)
+
+        if (stream && r == Residency::Host) {
+            // as many leading blocks resident as the budget allows, the rest streamed block by block
+            // (all of them: the whole range, staged for the phase, when it fits)
+            if (fits(whole_use)) return whole;
+            for (int k = e0 - 1; k >= b0; --k) {
+                uint64_t resident = k > b0 ? seg_params(c, b0, k, b0 == 0, k == n) : 0;
+                uint64_t slot = 0;
+                for (int i = k; i < e0; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
+                if (budget != 0 && resident + 2 * (slot + kAlignSlack) + comp > budget && k > b0) continue;
+                std::vector<Segment> segs;
+                if (k > b0) segs.push_back(make_seg(c, dev, b0, k, n, r, false));
+                for (int i = k; i < e0; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, true));
+                return segs;
+            }
+        }
+
+        // --max-vram segments: greedy ranges whose parameters fit two slots beside the compute buffer
+        if (r == Residency::Device) {
+            // parameters stay resident; smaller graphs lower the compute buffer
+            std::vector<Segment> segs;
+            for (int i = b0; i < e0; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, false));
+            if (!fits(use_of(segs, dev, budget))) does_not_fit(module, whole_use, r, split);  // report the plain plan
+            return segs;
+        }
+        // (multi-block graphs can need more than the single-block estimate: shrink until they fit)
+        uint64_t avail = budget > comp + 2 * kAlignSlack ? (budget - comp - 2 * kAlignSlack) / 2 : 0;
+        while (true) {
+            std::vector<Segment> segs;
+            int b = b0;
+            bool multi = false;
+            while (b < e0) {
+                int e = b + 1;
+                while (e < e0 && seg_params(c, b, e + 1, b == 0, e + 1 == n) <= avail) ++e;
+                multi |= e - b > 1;
+                segs.push_back(make_seg(c, dev, b, e, n, r, true));
+                b = e;
+            }
+            if (!multi || fits(use_of(segs, dev, budget))) return segs;
+            avail = avail * 3 / 4;
+        }
+    };
+
     if (devs.size() > 1) {
-        // layer split: contiguous ranges with parameter bytes in proportion to the budgets
+        // layer split: contiguous ranges with parameter bytes (the first device's including the
+        // prologue's, the last one's the epilogue's) in proportion to the budgets; a range that does
+        // not fit its device is streamed / cut into segments there when its parameters are in RAM
         std::vector<double> w;
         for (auto& d : devs) w.push_back((double)budget_of(d));
         if (std::any_of(w.begin(), w.end(), [](double x) { return x <= 0; })) std::fill(w.begin(), w.end(), 1.0);
         const double wsum = std::accumulate(w.begin(), w.end(), 0.0);
-        const double total = (double)sum(c.block_bytes, 0, n);
+        const bool known = c.prologue_used_bytes || c.epilogue_used_bytes;
+        const double pro = (double)(known ? c.prologue_used_bytes : c.prologue_bytes);
+        const double epi = (double)(known ? c.epilogue_used_bytes : c.prologue_bytes);
+        const double total = pro + (double)sum(c.block_bytes, 0, n) + epi;
+        auto upto = [&](int e) { return pro + (double)sum(c.block_bytes, 0, e); };
         std::vector<Segment> segs;
         int b = 0;
         double acc_w = 0;
@@ -172,72 +243,17 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
             if (d + 1 == devs.size()) e = n;
             else {
                 const double target = total * acc_w / wsum;
-                while (e < max_e && std::fabs((double)sum(c.block_bytes, 0, e + 1) - target) <= std::fabs((double)sum(c.block_bytes, 0, e) - target))
-                    ++e;
+                while (e < max_e && std::fabs(upto(e + 1) - target) <= std::fabs(upto(e) - target)) ++e;
             }
-            segs.push_back(make_seg(c, devs[d], b, e, n, r, false));
+            if (r == Residency::Device) segs.push_back(make_seg(c, devs[d], b, e, n, r, false));
+            else
+                for (auto& sg : plan_range(devs[d], b, e, true)) segs.push_back(std::move(sg));
             b = e;
         }
         return finish(std::move(segs), true);
     }
 
-    const std::string& dev = devs[0];
-    const uint64_t budget = budget_of(dev);
-    // everything as one graph, resident for the phase
-    std::vector<Segment> whole{make_seg(c, dev, 0, n, n, r, false)};
-    const DeviceUse whole_use = use_of(whole, dev, budget);
-    if (fits(whole_use) && !(stream && r == Residency::Host)) return finish(std::move(whole), false);
-    if (!fits(whole_use) && r == Residency::Disk) does_not_fit(module, whole_use, r, false);
-    if (n == 0) return finish(std::move(whole), false);
-
-    // single-block compute buffers (the estimate for cutting; every segment is measured after)
-    std::vector<uint64_t> one(n);
-    for (int i = 0; i < n; ++i) one[(size_t)i] = c.measure(i, i + 1, i == 0, i == n - 1, dev);
-    uint64_t comp = *std::max_element(one.begin(), one.end()), state = 0;
-    if (c.state_bytes)
-        for (int e = 1; e < n; ++e) state = std::max(state, c.state_bytes(e));
-    comp += 2 * state;  // the states kept on the device between two graphs (see use_of)
-
-    if (stream && r == Residency::Host) {
-        // as many leading blocks resident as the budget allows, the rest streamed block by block
-        // (all of them: the whole graph, staged for the phase, when it fits)
-        if (fits(whole_use)) return finish(std::move(whole), false);
-        for (int k = n - 1; k >= 0; --k) {
-            uint64_t resident = k > 0 ? seg_params(c, 0, k, true, k == n) : 0;
-            uint64_t slot = 0;
-            for (int i = k; i < n; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
-            if (budget != 0 && resident + 2 * (slot + kAlignSlack) + comp > budget && k > 0) continue;
-            std::vector<Segment> segs;
-            if (k > 0) segs.push_back(make_seg(c, dev, 0, k, n, r, false));
-            for (int i = k; i < n; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, true));
-            return finish(std::move(segs), false);
-        }
-    }
-
-    // --max-vram segments: greedy ranges whose parameters fit two slots beside the compute buffer
-    if (r == Residency::Device) {
-        // parameters stay resident; smaller graphs lower the compute buffer
-        std::vector<Segment> segs;
-        for (int i = 0; i < n; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, false));
-        if (!fits(use_of(segs, dev, budget))) does_not_fit(module, whole_use, r, false);  // report the plain plan
-        return finish(std::move(segs), false);
-    }
-    // (multi-block graphs can need more than the single-block estimate: shrink until they fit)
-    uint64_t avail = budget > comp + 2 * kAlignSlack ? (budget - comp - 2 * kAlignSlack) / 2 : 0;
-    while (true) {
-        std::vector<Segment> segs;
-        int b = 0;
-        bool multi = false;
-        while (b < n) {
-            int e = b + 1;
-            while (e < n && seg_params(c, b, e + 1, b == 0, e + 1 == n) <= avail) ++e;
-            multi |= e - b > 1;
-            segs.push_back(make_seg(c, dev, b, e, n, r, true));
-            b = e;
-        }
-        if (!multi || fits(use_of(segs, dev, budget))) return finish(std::move(segs), false);
-        avail = avail * 3 / 4;
-    }
+    return finish(plan_range(devs[0], 0, n, false), false);
 }
 
 std::string format_plan(const std::vector<ModulePlan>& plans) {

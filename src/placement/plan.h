@@ -82,6 +82,11 @@ struct ModuleCosts {
     std::string label;                  ///< module description for the table
     std::vector<uint64_t> block_bytes;  ///< parameter bytes of each block
     uint64_t prologue_bytes = 0;        ///< parameter bytes outside the blocks (prologue + epilogue)
+    /// Of those, the bytes a segment running only the prologue holds and the bytes a segment
+    /// running only the epilogue holds (the runtime finds which parameters each graph reads; a
+    /// parameter both read counts in both). Both 0 = unknown: such a segment holds all of
+    /// prologue_bytes.
+    uint64_t prologue_used_bytes = 0, epilogue_used_bytes = 0;
     /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
     /// measured with ggml's graph allocator at the job's shapes.
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;

@@ -81,6 +81,39 @@ std::vector<uint64_t> SegmentExecutor::block_bytes() const {
     return out;
 }
 
+uint64_t SegmentExecutor::bytes_of(const std::vector<nn::Param*>& ps) const {
+    uint64_t s = 0;
+    for (auto* p : ps) s += param_size(src_, names_.at(p), *p, opt_);
+    return s;
+}
+
+std::unordered_set<const ggml_tensor*> SegmentExecutor::graph_reads(ggml_cgraph* gf) {
+    std::unordered_set<const ggml_tensor*> used;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        const ggml_tensor* n = ggml_graph_node(gf, i);
+        used.insert(n);
+        for (int j = 0; j < GGML_MAX_SRC; ++j)
+            for (const ggml_tensor* t = n->src[j]; t; t = t->view_src) used.insert(t);
+        for (const ggml_tensor* t = n->view_src; t; t = t->view_src) used.insert(t);
+    }
+    return used;
+}
+
+void SegmentExecutor::split_rest(const std::unordered_set<const ggml_tensor*>& prologue_tensors,
+                                 const std::unordered_set<const ggml_tensor*>& epilogue_tensors) {
+    pro_rest_.clear();
+    epi_rest_.clear();
+    for (auto* p : rest_) {
+        const bool pro = p->tensor && prologue_tensors.count(p->tensor);
+        const bool epi = p->tensor && epilogue_tensors.count(p->tensor);
+        if (epi) epi_rest_.push_back(p);
+        // the prologue keeps everything the epilogue does not read alone (a parameter its graph
+        // reads only at other shapes, such as a padding token, stays with it)
+        if (pro || !epi) pro_rest_.push_back(p);
+    }
+    rest_split_ = true;
+}
+
 uint64_t SegmentExecutor::rest_bytes() const {
     uint64_t s = 0;
     for (auto* p : rest_) s += param_size(src_, names_.at(p), *p, opt_);
@@ -176,7 +209,11 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
         if (s.plan.end > (int)blocks_.size() || s.plan.begin < 0 || s.plan.begin > s.plan.end)
             fail(ErrorKind::Internal, "plan segment {}-{} outside the {} blocks", s.plan.begin, s.plan.end, blocks_.size());
         for (int i = s.plan.begin; i < s.plan.end; ++i) s.params.insert(s.params.end(), blocks_[(size_t)i].begin(), blocks_[(size_t)i].end());
-        if (s.plan.prologue || s.plan.epilogue) s.params.insert(s.params.end(), rest_.begin(), rest_.end());
+        if (s.plan.prologue || s.plan.epilogue) {
+            // the non-block parameters this segment's graph reads (see split_rest)
+            const auto& rest = !rest_split_ || (s.plan.prologue && s.plan.epilogue) || row_plan ? rest_ : s.plan.prologue ? pro_rest_ : epi_rest_;
+            s.params.insert(s.params.end(), rest.begin(), rest.end());
+        }
         std::unordered_set<std::string> keep;
         for (auto* p : s.params) keep.insert(names_.at(p));
         const bool share_rest = row_plan && (s.plan.prologue || s.plan.epilogue) && s.plan.residency == placement::Residency::Device;

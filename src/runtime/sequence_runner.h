@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace easel::runtime {
@@ -130,6 +131,20 @@ protected:
     nn::Block& root_;
     std::vector<std::vector<nn::Param*>> blocks_;
     std::vector<nn::Param*> rest_;
+    /// The non-block parameters a segment running the prologue (but not the epilogue) loads, and
+    /// those a segment running the epilogue (but not the prologue) loads: the epilogue graph's own
+    /// (measured from its graph), the prologue everything else (so a shape-dependent prologue
+    /// parameter, such as a padding token, is always there). Filled by split_rest(); empty = both
+    /// load every non-block parameter.
+    std::vector<nn::Param*> pro_rest_, epi_rest_;
+    bool rest_split_ = false;
+    /// Fills pro_rest_ / epi_rest_ from the tensors the prologue's and the epilogue's graphs read
+    /// (the parameters' installed tensors found in them).
+    void split_rest(const std::unordered_set<const ggml_tensor*>& prologue_tensors,
+                    const std::unordered_set<const ggml_tensor*>& epilogue_tensors);
+    /// Every tensor a graph's nodes read (sources and the tensors their views look into).
+    static std::unordered_set<const ggml_tensor*> graph_reads(ggml_cgraph* gf);
+    uint64_t bytes_of(const std::vector<nn::Param*>& ps) const;
     std::unordered_map<const nn::Param*, std::string> names_;
     const nn::TensorSource& src_;
     nn::LoadOptions opt_;
@@ -177,6 +192,11 @@ public:
         c.label = std::move(label);
         c.block_bytes = block_bytes();
         c.prologue_bytes = rest_bytes();
+        split_non_block_params(make_inputs, select);
+        if (rest_split_) {
+            c.prologue_used_bytes = bytes_of(pro_rest_);
+            c.epilogue_used_bytes = bytes_of(epi_rest_);
+        }
         c.measure = [this, make_inputs, select](int b, int e, bool pro, bool epi, const std::string& dev) {
             return measure(make_inputs, select, b, e, pro, epi, dev);
         };
@@ -188,6 +208,14 @@ public:
             c.row_split = row_rules_;  // why_not says why it cannot apply
         }
         return c;
+    }
+
+    /// Finds which non-block parameters the prologue's and the epilogue's graphs read (at the
+    /// shapes make_inputs declares), so a segment running only one of them loads only its own
+    /// (ModuleCosts::prologue_used_bytes / epilogue_used_bytes). costs() does it; call it before
+    /// load() on a runner whose costs came from another runner. Idempotent.
+    void split_non_block_params(const InputsFn& make_inputs, const SelectFn& select) {
+        if (!rest_split_) find_epilogue_params(make_inputs, select);
     }
 
     /// One evaluation: prologue, every segment on its device, epilogue; returns the selected
@@ -387,6 +415,44 @@ private:
     }
 
     /// Bytes of the state entering block e, at the shapes make_inputs declares.
+    /// Builds the prologue's and the epilogue's graphs shape-only (the epilogue's state entering
+    /// as fresh inputs) and splits the non-block parameters by which of them reads each
+    /// (split_rest).
+    void find_epilogue_params(const InputsFn& make_inputs, const SelectFn& select) {
+        const size_t max_nodes = 32768;
+        install_fake();
+        struct Restore {
+            SequenceRunner* x;
+            ~Restore() { x->restore_fake(); }
+        } restore{this};
+        std::unordered_set<const ggml_tensor*> pro_reads, epi_reads;
+        {
+            Graph g(max_nodes);
+            GraphBuilder gb(g.ctx, nullptr);
+            nn::Ctx c{g.ctx, flash_, nullptr};
+            S s = seq_.prologue(c, make_inputs(gb));
+            std::vector<ggml_tensor*> outs;
+            s.visit_tensors([&](const char*, ggml_tensor*& t) { outs.push_back(t); });
+            pro_reads = graph_reads(g.graph(outs, max_nodes));
+        }
+        Graph g(max_nodes);
+        GraphBuilder gb(g.ctx, nullptr);
+        nn::Ctx c{g.ctx, flash_, nullptr};
+        S s = seq_.prologue(c, make_inputs(gb));
+        s = seq_.forward_range(c, std::move(s), 0, seq_.n_blocks());
+        s.visit_tensors([&](const char* name, ggml_tensor*& t) {
+            ggml_tensor* in = ggml_new_tensor(g.ctx, t->type, 4, t->ne);
+            ggml_set_name(in, name);
+            ggml_set_input(in);
+            t = in;
+        });
+        O o = seq_.epilogue(c, s);
+        std::vector<ggml_tensor*> outs;
+        for (ggml_tensor* t : select(o)) outs.push_back(as_f32(g.ctx, t));
+        epi_reads = graph_reads(g.graph(outs, max_nodes));
+        split_rest(pro_reads, epi_reads);
+    }
+
     uint64_t measure_state(const InputsFn& make_inputs, int e) {
         install_fake();
         struct Restore {
