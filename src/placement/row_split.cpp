@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -222,6 +223,16 @@ RowSplitDevice::RowSplitDevice(std::vector<std::string> devices, std::shared_ptr
         fail(ErrorKind::Unsupported, "a row split over {} devices: ggml's meta device takes at most {}", names_.size(),
              GGML_BACKEND_META_MAX_DEVICES);
     for (auto& n : names_) devs_.push_back(find_device(n));
+    // ggml's CUDA all-reduces (NCCL above 32768 elements, and its internal one above
+    // GGML_CUDA_AR_BF16_THRESHOLD) send the partial sums as BF16 (ggml-cuda.cu
+    // ggml_backend_cuda_comm_allreduce_nccl, allreduce.cu): on two H200s the full-size Z-Image
+    // output then differed from one GPU by 0.014 (output std 0.6), and the tiny f32 model by
+    // 5.8e-4. Unless the user chose one, take ggml's generic all-reduce (copies between the
+    // devices and an F32 ADD), which differs from one device only by the order of the sums.
+    if (!std::getenv("GGML_CUDA_ALLREDUCE")) {
+        ::setenv("GGML_CUDA_ALLREDUCE", "none", 0);
+        log::debug("row split: GGML_CUDA_ALLREDUCE=none (F32 partial sums; set it to nccl for BF16 transfers)");
+    }
     meta_ = ggml_backend_meta_device(devs_.data(), devs_.size(), &RowSplitDevice::callback, this);
     if (!meta_) fail(ErrorKind::Unsupported, "cannot create ggml's meta device over {}", fmt::join(names_, ", "));
 }
