@@ -12,6 +12,7 @@
 //    one-line refusals.
 // Pass criterion for images: max |pixel - diffusers pixel| <= 2 (of 255) on every case.
 #include "core/error.h"
+#include "e2e_helpers.h"
 #include "io/weight_index.h"
 #include "models/flux/flux1.h"
 #include "models/flux/flux_common.h"
@@ -40,6 +41,7 @@
 
 namespace fs = std::filesystem;
 using namespace easel;
+using namespace easel::test;
 using easel::models::flux::Flux1;
 
 namespace {
@@ -80,43 +82,6 @@ models::FamilyOptions f32_weights() {
     models::FamilyOptions o;
     o.weight_type = "f32";
     return o;
-}
-
-std::vector<float> read_f32(const io::WeightIndex& idx, const std::string& name) {
-    const io::TensorInfo* t = idx.find(name);
-    if (!t) throw std::runtime_error("reference tensor missing: " + name);
-    return idx.read_f32(*t);
-}
-
-double max_abs_diff(std::span<const float> a, std::span<const float> b) {
-    double m = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
-    return a.size() == b.size() ? m : INFINITY;
-}
-
-double max_abs(std::span<const float> a) {
-    double m = 0;
-    for (float v : a) m = std::max(m, (double)std::fabs(v));
-    return m;
-}
-
-/// [1, 3, H, W] in about [-1, 1] -> uint8 HWC as diffusers: ((x / 2 + 0.5).clamp(0, 1) * 255).round().
-std::vector<uint8_t> to_u8(const vae::HostTensor& img) {
-    std::vector<uint8_t> r((size_t)(img.h * img.w * 3));
-    for (int64_t y = 0; y < img.h; ++y)
-        for (int64_t x = 0; x < img.w; ++x)
-            for (int64_t c = 0; c < 3; ++c) {
-                float v = std::clamp(img.at(0, c, y, x) / 2.0f + 0.5f, 0.0f, 1.0f);
-                r[(size_t)((y * img.w + x) * 3 + c)] = (uint8_t)std::lround(v * 255.0f);
-            }
-    return r;
-}
-
-int max_pixel_diff(std::span<const uint8_t> a, std::span<const uint8_t> b) {
-    if (a.size() != b.size()) return 256;
-    int m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs((int)a[i] - (int)b[i]));
-    return m;
 }
 
 struct Param {
