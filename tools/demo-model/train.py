@@ -21,6 +21,11 @@ Stages (each fits one 10-minute run on one H200; fixed seeds; --time bounds the 
       the mean colour that SD's schedule leaks at t ~ 999); --vae-from FILE (VAE of a single file,
       text encoder + UNet from scratch); --cfgs / --ref-cfg auto (accuracy at several CFG scales,
       samples and references at the best).
+      --arch v1|lowattn (archs.py): v1 is the UNet above (runs 1-6, the default, so earlier runs
+      re-run unchanged); lowattn (run 7) moves the attention to the 16x16 and 8x8 latent levels
+      (down: Down, CrossAttnDown x2; up: CrossAttnUp x2, Up; 8 heads of 8 and 16 channels).
+      --end-by EPOCH --reserve S: training stops early enough that everything after it (export,
+      accuracy, samples, references; about S seconds) ends by EPOCH (a GPU run's hard limit).
 """
 
 import argparse
@@ -37,16 +42,14 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import archs  # noqa: E402
 import shapes  # noqa: E402
 
 SCALE = 0.18215
 VAE_CFG = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
                up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(32, 64, 64, 64), layers_per_block=2,
                latent_channels=4, norm_num_groups=32, sample_size=256, scaling_factor=SCALE)
-UNET_CFG = dict(sample_size=32, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(32, 64, 128),
-                down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-                cross_attention_dim=128, attention_head_dim=8, norm_num_groups=32)
+UNET_CFG = archs.V1  # the UNet of the unet stage; main() sets it from --arch (archs.UNET_PRESETS)
 TE_CFG = dict(vocab_size=49408, hidden_size=128, intermediate_size=512, num_hidden_layers=3, num_attention_heads=2,
               max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, projection_dim=128,
               bos_token_id=49406, eos_token_id=49407, pad_token_id=49407)
@@ -352,6 +355,11 @@ def train_unet(a):
     f = open(os.path.join(a.out, "loss-log-unet.csv"), "w", newline="")
     w = csv.writer(f)
     w.writerow(["step", "elapsed_s", "lr", "loss", "loss_ema"])
+    if a.end_by:  # a hard end for the whole job: leave `reserve` seconds for export and sampling
+        avail = a.end_by - time.time() - a.reserve
+        if avail < a.time:
+            log(f"training time {a.time:.0f}s -> {avail:.0f}s (--end-by, {a.reserve:.0f}s reserved after training)")
+            a.time = max(20.0, avail)
     t0 = time.time()
     step, loss_ema = 0, None
     sched = Schedule(a.lr, a.warmup, a.steps or a.est_steps, 0 if a.steps else a.time)
@@ -542,6 +550,7 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
     ldm = ldm_convert.pipeline_to_ldm(unet, vae, te, dtype=torch.float16)
     path = os.path.join(a.out, "easel-demo-shapes.safetensors")
     meta = {"format": "pt", "easel_model": "easel-demo-shapes", "architecture": "SD1.x (miniature)",
+            "unet_preset": a.arch, "unet_config": json.dumps(UNET_CFG),
             "scaling_factor": str(SCALE), "licence": "CC0-1.0",
             "train_steps_unet": (a.history + " + " if a.history else "") + f"{steps_done} (batch {a.batch})",
             "prediction_type": "epsilon", "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps",
@@ -557,7 +566,7 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
                "channels_last": a.channels_last, "min_snr": a.min_snr, "offset_noise": a.offset_noise,
                "vae_from": a.vae_from, "resume": a.resume, "final_loss_smoothed": getattr(a, "loss_smoothed", None),
                "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
-               "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
+               "arch": a.arch, "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
                "scheduler": SCHED, "file_mb": os.path.getsize(path) / 1e6}
     spath = os.path.join(a.out, "train_summary.json")
 
@@ -719,7 +728,15 @@ def main():
                     help="unet stage: skip the 128x128 and 10-step accuracy runs and the 128x128 test prompts")
     ap.add_argument("--min-snr", type=float, default=0, help="unet stage: Min-SNR-gamma loss weight (0: off)")
     ap.add_argument("--history", default="", help="unet stage: earlier training, recorded in the file's metadata")
+    ap.add_argument("--arch", default="v1", choices=sorted(archs.UNET_PRESETS),
+                    help="unet stage: UNet preset of tools/demo-model/archs.py (v1: runs 1-6; lowattn: run 7)")
+    ap.add_argument("--end-by", type=float, default=0,
+                    help="unet stage: Unix time by which the whole job must end; training is shortened to fit")
+    ap.add_argument("--reserve", type=float, default=75,
+                    help="unet stage with --end-by: seconds kept for export, accuracy, samples and references")
     a = ap.parse_args()
+    global UNET_CFG
+    UNET_CFG = archs.UNET_PRESETS[a.arch]
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
