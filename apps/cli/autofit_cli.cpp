@@ -106,6 +106,10 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     req.max_vram = user.max_vram;
     req.headroom = user.headroom;
 
+    // measurements are cached under the cache dir (--no-cache: measured every time)
+    std::filesystem::path cache_dir;
+    if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : std::filesystem::path(p.cache_dir);
+
     // devices: budgets as the runtime resolves them, the CPU's = available host RAM
     const auto devs = list_devices();
     const auto budgets = resolve_budgets(uspec, devs);
@@ -124,7 +128,12 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         }
         const size_t mx = ggml_backend_buft_get_max_size(ggml_backend_dev_buffer_type(d.dev));
         fd.max_alloc = mx == SIZE_MAX ? 0 : (uint64_t)mx;
-        if (d.type != "cpu" && fd.budget > 0) fd.h2d_bytes_per_s = measure_h2d_bandwidth(d.dev, 8u << 20);
+        if (d.type != "cpu" && fd.budget > 0) {
+            // cached per device like the compute buffers, so planning the same job twice gives
+            // the same plan (a fresh measurement varies by a few percent and can flip a choice)
+            MeasureCache bw(cache_dir, {"autofit-bandwidth-v1", d.name, d.description});
+            fd.h2d_bytes_per_s = (double)bw.value("h2d_bytes_per_s", [&] { return (uint64_t)measure_h2d_bandwidth(d.dev, 8u << 20); });
+        }
         req.devices.push_back(fd);
     }
 
@@ -139,8 +148,6 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
 
     // modules, their measurements cached per shape
     std::vector<std::unique_ptr<MeasureCache>> caches;
-    std::filesystem::path cache_dir;
-    if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : std::filesystem::path(p.cache_dir);
     const double cfg = req.job.cfg ? 2.0 : 1.0;
     for (auto& c : costs) {
         FitModule m;

@@ -725,6 +725,18 @@ std::function<uint64_t(int, const std::string&)> MeasureCache::wrap_tile(std::fu
     };
 }
 
+uint64_t MeasureCache::value(const std::string& key, const std::function<uint64_t()>& measure) {
+    if (auto it = entries_.find(key); it != entries_.end()) {
+        ++hits_;
+        return it->second;
+    }
+    ++misses_;
+    const uint64_t v = measure();
+    entries_[key] = v;
+    dirty_ = true;
+    return v;
+}
+
 double measure_h2d_bandwidth(ggml_backend_dev_t dev, size_t bytes) {
     if (!dev || bytes == 0) return 0;
     ggml_init_params ip{ggml_tensor_overhead() * 2, nullptr, true};

@@ -144,6 +144,8 @@ public:
     /// `measure` wrapped: answers from the file, else measures and remembers.
     std::function<uint64_t(int, int, bool, bool, const std::string&)> wrap(
         std::function<uint64_t(int, int, bool, bool, const std::string&)> measure);
+    /// The value stored under `key`, else `measure()`, remembered (e.g. a device's bandwidth).
+    uint64_t value(const std::string& key, const std::function<uint64_t()>& measure);
     /// The same for a VAE tile measurement.
     std::function<uint64_t(int, const std::string&)> wrap_tile(std::function<uint64_t(int, const std::string&)> measure);
     int hits() const { return hits_; }

@@ -18,7 +18,7 @@ cleanup() {
 trap cleanup EXIT
 fails=0
 
-port0=$((53000 + ($$ % 400) * 2))
+port0=$((59000 + ($$ % 400) * 2))
 port1=$((port0 + 1))
 for port in $port0 $port1; do
   "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &

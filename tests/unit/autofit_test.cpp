@@ -370,5 +370,16 @@ TEST(AutoFit, MeasureCacheAnswersFromDisk) {
         EXPECT_EQ(other.wrap(measure)(0, 3, true, false, "CPU"), 3000u);
         EXPECT_EQ(calls, 2);
     }
+    // a device's bandwidth is remembered the same way, so a second plan sees the same figure
+    int bw_calls = 0;
+    {
+        MeasureCache bw(dir, {"autofit-bandwidth-v1", "RPC0", "127.0.0.1:50052"});
+        EXPECT_EQ(bw.value("h2d_bytes_per_s", [&] { ++bw_calls; return uint64_t{123456789}; }), 123456789u);
+    }
+    {
+        MeasureCache bw(dir, {"autofit-bandwidth-v1", "RPC0", "127.0.0.1:50052"});
+        EXPECT_EQ(bw.value("h2d_bytes_per_s", [&] { ++bw_calls; return uint64_t{999}; }), 123456789u);
+        EXPECT_EQ(bw_calls, 1);
+    }
     std::filesystem::remove_all(dir);
 }

@@ -11,6 +11,7 @@
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/spec.h"
+#include "rpc_servers.h"
 
 #include <gtest/gtest.h>
 
@@ -20,12 +21,8 @@
 #include <numeric>
 #include <thread>
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
 
 using namespace easel;
 using placement::PModule;
@@ -35,53 +32,18 @@ namespace {
 const std::filesystem::path kRef = std::filesystem::path(EASEL_TEST_DATA) / "reference";
 constexpr uint64_t kMiB = 1 << 20;
 
-/// Two easel rpc-servers serving the CPU on 127.0.0.1, registered with ggml; their device names
-/// (empty without RPC in the build).
-struct Rpc {
-    std::vector<pid_t> pids;
-    std::vector<std::string> devices;
-    Rpc() {
-#ifdef EASEL_HAS_RPC
-        int port = 54000 + (int)(::getpid() % 400) * 2;
-        for (int i = 0; i < 2; ++i, ++port) {
-            std::string ps = std::to_string(port);
-            const char* argv[] = {EASEL_BINARY, "rpc-server", "--port", ps.c_str(), "--device", "CPU", "--threads", "1", nullptr};
-            pid_t pid = 0;
-            if (posix_spawn(&pid, EASEL_BINARY, nullptr, nullptr, const_cast<char**>(argv), environ) != 0) continue;
-            pids.push_back(pid);
-            const std::string ep = "127.0.0.1:" + ps;
-            bool up = false;
-            for (int k = 0; k < 100 && !up; ++k) {
-                try {
-                    placement::add_rpc_servers(ep);
-                    up = true;
-                } catch (const Error&) {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                }
-            }
-            if (!up) continue;
-            for (auto& d : placement::list_devices())
-                if (d.name.rfind("RPC", 0) == 0 && (d.name + d.description).find(ep) != std::string::npos) devices.push_back(d.name);
-        }
-#endif
-    }
-    ~Rpc() {
-        for (pid_t p : pids) {
-            ::kill(p, SIGTERM);
-            ::waitpid(p, nullptr, 0);
-        }
-    }
-};
-
-Rpc& rpc() {
-    static Rpc r;
+/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h).
+easel::test_support::RpcServers& rpc() {
+    static easel::test_support::RpcServers r(2, 54000);
     return r;
 }
 
 std::shared_ptr<const placement::PlacementSpec> spec_of(const std::string& backend, const std::string& params = "",
                                                         const std::string& max_vram = "", bool stream = false) {
     placement::PlacementFlags f;
-    f.backend = backend;
+    // modules the spec leaves out run on the CPU, as the unplaced family they are compared with
+    // does (without this, a GPU build would put them on its first GPU)
+    f.backend = backend.find('=') == std::string::npos ? backend : "default=CPU," + backend;
     f.params_backend = params;
     f.max_vram = max_vram;
     f.stream_layers = stream;

@@ -9,6 +9,7 @@
 #include "placement/plan.h"
 #include "runtime/graph_runner.h"
 #include "runtime/sequence_runner.h"
+#include "rpc_servers.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,12 +20,8 @@
 #include <fstream>
 #include <thread>
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
 
 using namespace easel;
 using namespace easel::models::sd;
@@ -53,49 +50,9 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
-/// Easel rpc-servers serving the CPU on 127.0.0.1 (one per port), registered with ggml.
-/// Returns their ggml device names (empty when the build has no RPC).
-struct RpcServers {
-    std::vector<pid_t> pids;
-    std::vector<std::string> devices;
-    explicit RpcServers(int n) {
-#ifdef EASEL_HAS_RPC
-        static int base = 51000 + (int)(::getpid() % 400) * 2;  // distinct per process
-        for (int i = 0; i < n; ++i) {
-            std::string port = std::to_string(base++);
-            const char* argv[] = {EASEL_BINARY, "rpc-server", "--port", port.c_str(), "--device", "CPU", "--threads", "1", nullptr};
-            pid_t pid = 0;
-            if (posix_spawn(&pid, EASEL_BINARY, nullptr, nullptr, const_cast<char**>(argv), environ) != 0) continue;
-            pids.push_back(pid);
-            std::string ep = "127.0.0.1:" + port;
-            bool up = false;
-            for (int k = 0; k < 100 && !up; ++k) {
-                try {
-                    placement::add_rpc_servers(ep);
-                    up = true;
-                } catch (const Error&) {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                }
-            }
-            if (!up) continue;
-            for (auto& d : placement::list_devices())
-                if (d.name.rfind("RPC", 0) == 0 && (d.name + d.description).find(ep) != std::string::npos) devices.push_back(d.name);
-        }
-#else
-        (void)n;
-#endif
-    }
-    ~RpcServers() {
-        for (pid_t p : pids) {
-            ::kill(p, SIGTERM);
-            ::waitpid(p, nullptr, 0);
-        }
-    }
-};
-
-/// Devices for multi-device tests: CPU plus up to two RPC devices.
-RpcServers& servers() {
-    static RpcServers s(2);
+/// Devices for multi-device tests: CPU plus up to two RPC devices (tests/unit/rpc_servers.h).
+easel::test_support::RpcServers& servers() {
+    static easel::test_support::RpcServers s(2, 51000);
     return s;
 }
 

@@ -13,6 +13,7 @@
 #include "placement/plan.h"
 #include "placement/row_split.h"
 #include "runtime/sequence_runner.h"
+#include "rpc_servers.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -24,12 +25,8 @@
 #include <fstream>
 #include <thread>
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
 
 using namespace easel;
 using placement::PModule;
@@ -48,44 +45,9 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return m;
 }
 
-/// Two easel rpc-servers serving the CPU on 127.0.0.1 (ports apart from placement_runner_test's).
-struct RowRpcServers {
-    std::vector<pid_t> pids;
-    std::vector<std::string> devices;
-    RowRpcServers() {
-#ifdef EASEL_HAS_RPC
-        int base = 53000 + (int)(::getpid() % 400) * 2;
-        for (int i = 0; i < 2; ++i) {
-            std::string port = std::to_string(base + i);
-            const char* argv[] = {EASEL_BINARY, "rpc-server", "--port", port.c_str(), "--device", "CPU", "--threads", "1", nullptr};
-            pid_t pid = 0;
-            if (posix_spawn(&pid, EASEL_BINARY, nullptr, nullptr, const_cast<char**>(argv), environ) != 0) continue;
-            pids.push_back(pid);
-            std::string ep = "127.0.0.1:" + port;
-            bool up = false;
-            for (int k = 0; k < 100 && !up; ++k) {
-                try {
-                    placement::add_rpc_servers(ep);
-                    up = true;
-                } catch (const Error&) {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                }
-            }
-            if (!up) continue;
-            for (auto& d : placement::list_devices())
-                if (d.name.rfind("RPC", 0) == 0 && (d.name + d.description).find(ep) != std::string::npos) devices.push_back(d.name);
-        }
-#endif
-    }
-    ~RowRpcServers() {
-        for (pid_t p : pids) {
-            ::kill(p, SIGTERM);
-            ::waitpid(p, nullptr, 0);
-        }
-    }
-};
-RowRpcServers& rpc() {
-    static RowRpcServers s;
+/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h; ports apart from the other tests').
+easel::test_support::RpcServers& rpc() {
+    static easel::test_support::RpcServers s(2, 53000);
     return s;
 }
 
