@@ -11,6 +11,9 @@
 //   capped   --backend "diffusion=DEV0&DEV1" --params-backend diffusion=cpu --stream-layers
 //            --max-vram DEV0=G,DEV1=G: weights in pinned host RAM, each device capped (the two
 //            6 GB cards of our users, simulated by caps; --cap-gib)
+//   autofit  (asked for by name) the plan --auto-fit's planner (placement/autofit.h) picks for
+//            the devices capped at --cap-gib with host RAM beside them, run like the others: its
+//            predicted peaks against the measured ones (issue 9's accuracy check at full size)
 //
 // For each mode: the median step time (and its ratio to `single`), the largest difference of the
 // output from `single`, each device's predicted peak (the plan) beside the measured peak (the
@@ -30,6 +33,7 @@
 #include "io/weight_index.h"
 #include "made_up_weights.h"
 #include "models/zimage/z_image_dit.h"
+#include "placement/autofit.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/row_split.h"
@@ -77,11 +81,11 @@ int main_impl(int argc, char** argv) {
     uint64_t seed = 1;
     CLI::App app{"easel-bench-multigpu: the full-size Z-Image DiT under single-device, layer-split, row-split and capped placements"};
     app.add_option("--devices", devices_arg, "two or more runtime devices, comma-separated (default: every GPU)");
-    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, row, capped (default all)");
+    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, row, capped, autofit (default all but autofit)");
     app.add_option("--size", size, "image side in pixels, a multiple of 16 (default 1024)")->check(CLI::Range(16, 4096));
     app.add_option("--tokens", tokens, "caption tokens (default 128)")->check(CLI::Range(1, 1024));
     app.add_option("--type", type, "matmul weight type: bf16 or q8_0 (default bf16)")->check(CLI::IsMember({"bf16", "q8_0"}));
-    app.add_option("--cap-gib", cap_gib, "per-device cap of the capped mode, GiB (default 6)");
+    app.add_option("--cap-gib", cap_gib, "per-device cap of the capped and autofit modes, GiB (default 6)");
     app.add_option("--layers", layers, "main layers (default 30)")->check(CLI::Range(2, 30));
     app.add_option("--reps", reps, "timed steps per mode (default 3)")->check(CLI::Range(1, 100));
     app.add_option("--warmup", warmup, "untimed steps first (default 1)")->check(CLI::Range(0, 10));
@@ -151,8 +155,8 @@ int main_impl(int argc, char** argv) {
     std::vector<float> reference;
     double single_s = 0;
     for (const std::string& mode : modes) {
-        if (mode != "single" && mode != "layer" && mode != "row" && mode != "capped")
-            fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, row, capped)", mode);
+        if (mode != "single" && mode != "layer" && mode != "row" && mode != "capped" && mode != "autofit")
+            fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, row, capped, autofit)", mode);
         runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*> r(net, net, src, lo, threads, fa);
         if (mode == "row") r.set_row_split(placement::zimage_row_split_rules(net));
         auto costs = r.costs(mk, sel, "Z-Image DiT");
@@ -173,7 +177,35 @@ int main_impl(int argc, char** argv) {
             for (auto& d : placement::list_devices())
                 if (std::find(devs.begin(), devs.end(), d.name) != devs.end()) budgets[d.name] = d.free_bytes;
         }
-        auto plan = placement::plan_module(placement::PModule::Diffusion, place, stream, costs, budgets);
+        placement::ModulePlan plan;
+        if (mode == "autofit") {
+            // --auto-fit's planner (placement/autofit.h) on the devices capped at --cap-gib, host
+            // RAM as the CPU device: the plan it picks is run and its peaks measured
+            placement::FitRequest req;
+            for (auto& d : placement::list_devices()) {
+                const bool use = std::find(devs.begin(), devs.end(), d.name) != devs.end();
+                if (!use && d.type != "cpu") continue;
+                placement::FitDevice fd;
+                fd.name = d.name;
+                fd.type = d.type == "cpu" ? "cpu" : "gpu";
+                fd.budget = use ? std::min<uint64_t>(d.free_bytes, (uint64_t)(cap_gib * 1073741824.0)) : d.free_bytes;
+                if (use) fd.h2d_bytes_per_s = placement::measure_h2d_bandwidth(d.dev, 64u << 20);
+                req.devices.push_back(fd);
+            }
+            placement::FitModule fm;
+            fm.module = placement::PModule::Diffusion;
+            fm.costs = costs;
+            fm.evals = 1;
+            req.modules.push_back(fm);
+            req.job.width = req.job.height = size;
+            req.job.steps = 1;
+            req.job.cfg = false;
+            const placement::FitResult fit = placement::auto_fit(req);
+            std::printf("%s", placement::format_fit(fit).c_str());
+            plan = fit.choices.at(0).plan;
+        } else {
+            plan = placement::plan_module(placement::PModule::Diffusion, place, stream, costs, budgets);
+        }
         std::printf("%s", placement::format_plan({plan}).c_str());
         t0 = Clock::now();
         r.load(plan);
