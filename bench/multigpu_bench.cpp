@@ -11,6 +11,7 @@
 //   capped   --backend "diffusion=DEV0&DEV1" --params-backend diffusion=cpu --stream-layers
 //            --max-vram DEV0=G,DEV1=G: weights in pinned host RAM, each device capped (the two
 //            6 GB cards of our users, simulated by caps; --cap-gib)
+//   MODE@f32 (asked for by name) any mode with ggml's cuBLAS matmuls computing in F32 (see below)
 //   autofit  (asked for by name) the plan --auto-fit's planner (placement/autofit.h) picks for
 //            the devices capped at --cap-gib with host RAM beside them, run like the others: its
 //            predicted peaks against the measured ones (issue 9's accuracy check at full size)
@@ -45,8 +46,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -154,7 +157,16 @@ int main_impl(int argc, char** argv) {
     json results = json::array();
     std::vector<float> reference;
     double single_s = 0;
-    for (const std::string& mode : modes) {
+    std::map<std::string, std::vector<float>> reference_f32;  // "single@f32"'s output
+    for (const std::string& mode_arg : modes) {
+        // MODE@f32: the mode with ggml's cuBLAS matmuls computing in F32 (GGML_CUDA_CUBLAS_COMPUTE_TYPE,
+        // read by ggml at every matmul), so a bf16 model's activations are not rounded to bf16:
+        // two runs then differ only by the order of F32 sums, and the difference of `single@f32`
+        // from `single` is the size of a change of matmul kernel, for comparison with a split's
+        const bool f32 = mode_arg.size() > 4 && mode_arg.compare(mode_arg.size() - 4, 4, "@f32") == 0;
+        const std::string mode = f32 ? mode_arg.substr(0, mode_arg.size() - 4) : mode_arg;
+        if (f32) ::setenv("GGML_CUDA_CUBLAS_COMPUTE_TYPE", "f32", 1);
+        else ::unsetenv("GGML_CUDA_CUBLAS_COMPUTE_TYPE");
         if (mode != "single" && mode != "layer" && mode != "row" && mode != "capped" && mode != "autofit")
             fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, row, capped, autofit)", mode);
         runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*> r(net, net, src, lo, threads, fa);
@@ -225,7 +237,7 @@ int main_impl(int argc, char** argv) {
             if (j + 1 < plan.segments.size() && plan.segments[j + 1].device != plan.segments[j].device) crossing += plan.segments[j].state_bytes;
             if (plan.segments[j].per_eval) uploaded += plan.segments[j].param_bytes;
         }
-        json row = {{"mode", mode},
+        json row = {{"mode", mode_arg},
                     {"median_s", med},
                     {"times_s", times},
                     {"load_s", load_s},
@@ -242,12 +254,20 @@ int main_impl(int argc, char** argv) {
                                {"measured_peak_bytes", measured},
                                {"budget_bytes", du.budget},
                                {"measured_over_predicted", du.total() ? (double)measured / (double)du.total() : 0.0}});
-            fmt::print("  {:<7} {:<10} predicted {:9.1f} MiB, measured peak {:9.1f} MiB ({:+.1f} %){}\n", mode, du.device, du.total() / 1048576.0,
+            fmt::print("  {:<7} {:<10} predicted {:9.1f} MiB, measured peak {:9.1f} MiB ({:+.1f} %){}\n", mode_arg, du.device, du.total() / 1048576.0,
                        measured / 1048576.0, du.total() ? 100.0 * ((double)measured / (double)du.total() - 1.0) : 0.0,
                        du.budget ? fmt::format(", cap {:.1f} MiB", du.budget / 1048576.0) : "");
         }
         row["devices"] = per_dev;
-        if (mode == "single") {
+        if (f32 && mode == "single") reference_f32["single"] = out;
+        else if (f32 && reference_f32.count("single")) {
+            float m = 0;
+            const auto& ref = reference_f32.at("single");
+            for (size_t k = 0; k < out.size(); ++k) m = std::max(m, std::fabs(out[k] - ref[k]));
+            row["max_abs_diff_vs_single_f32"] = m;
+            fmt::print("  {:<7} max |out - single@f32| {:.3g}\n", mode_arg, m);
+        }
+        if (mode == "single" && !f32) {
             reference = out;
             single_s = med;
         } else if (!reference.empty()) {
@@ -256,8 +276,8 @@ int main_impl(int argc, char** argv) {
             row["max_abs_diff_vs_single"] = m;
             row["ratio_vs_single"] = med / single_s;
         }
-        fmt::print("  {:<7} median {:.3f} s/step{}; {} segments; state crossing devices {:.2f} MiB/step; weights uploaded {:.1f} MiB/step{}\n", mode, med,
-                   single_s > 0 && mode != "single" ? fmt::format(" ({:.3f} x single)", med / single_s) : "", plan.segments.size(), crossing / 1048576.0,
+        fmt::print("  {:<7} median {:.3f} s/step{}; {} segments; state crossing devices {:.2f} MiB/step; weights uploaded {:.1f} MiB/step{}\n", mode_arg, med,
+                   single_s > 0 && mode_arg != "single" ? fmt::format(" ({:.3f} x single)", med / single_s) : "", plan.segments.size(), crossing / 1048576.0,
                    uploaded / 1048576.0,
                    row.contains("max_abs_diff_vs_single") ? fmt::format("; max |out - single| {:.3g}", row["max_abs_diff_vs_single"].get<float>()) : "");
         results.push_back(row);

@@ -217,7 +217,9 @@ void check_unet_row_split(const std::vector<std::string>& devs, const char* what
     const auto row = run_unet(u, devs, placement::SplitMode::Row);
     ASSERT_EQ(row.plan.segments.size(), 3u);
     const float d_one = max_abs_diff(row.out, one.out), d_ref = batch == 2 ? max_abs_diff(row.out, u.expected) : 0.0f;
-    std::printf("[row split] SD UNet tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g\n%s%s", what, d_one, d_ref,
+    const float d_one_ref = batch == 2 ? max_abs_diff(one.out, u.expected) : 0.0f;
+    std::printf("[row split] SD UNet tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g (one device vs diffusers %.3g)\n%s%s", what,
+                d_one, d_ref, d_one_ref,
                 placement::format_plan({row.plan}).c_str(), placement::format_peaks({row.plan}, row.peaks).c_str());
     EXPECT_LE(d_one, 1e-5f);
     EXPECT_LT(d_ref, 1e-4f);
