@@ -79,7 +79,7 @@ std::shared_ptr<RowSplitRules> make_row_split_rules(std::string module, const nn
             const std::string path = rel.substr(0, dot), leaf = rel.substr(dot + 1);
             for (const auto& pat : patterns) {
                 if (!ends_with_path(path, pat.linear)) continue;
-                RowSplitRule rule{pat.role, pat.granule, pat.segments};
+                RowSplitRule rule{pat.role, pat.granule, pat.segments, pat.repeat};
                 const bool bias = leaf == "bias";
                 if (bias && pat.role == RowRole::Row) rule = RowSplitRule{};  // added after the all-reduce
                 if (rule.role != RowRole::Mirror) {
@@ -184,6 +184,12 @@ bool split_state_of(const ggml_tensor* t, const RowSplitRule& rule, size_t n, gg
         for (auto v : per)
             if (v % ggml_blck_size(t->type) != 0) return false;
     out.axis = (ggml_backend_meta_split_axis)axis;
+    if (rule.repeat) {  // one part, repeated: the same slices (RowSplitRule::repeat)
+        out.n_segments = 1;
+        out.nr[0] = (uint32_t)rule.segments;
+        for (size_t j = 0; j < n; ++j) out.ne[j] = per[j];
+        return true;
+    }
     out.n_segments = (uint32_t)rule.segments;
     for (int s = 0; s < rule.segments; ++s) {
         out.nr[s] = 1;

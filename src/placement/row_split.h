@@ -68,6 +68,11 @@ struct RowSplitRule {
     RowRole role = RowRole::Mirror;
     int64_t granule = 1;  ///< slices are multiples of this many features (head size for head projections)
     int segments = 1;     ///< the split dimension holds this many equal parts split one by one (fused GEGLU [value | gate]: 2)
+    /// The parts are told to ggml's meta device as one part repeated `segments` times (split
+    /// state nr) instead of as `segments` parts: the same slices, but a view of one whole part
+    /// (a row range of the weight, e.g. one D-wide chunk of a fused projection) keeps a split
+    /// state the meta device can follow. For weights the graph reads part by part.
+    bool repeat = false;
 };
 
 /// One per-layer rule: a Linear whose path inside a block ends in `linear` (".weight" / ".bias"
@@ -77,6 +82,7 @@ struct RowSplitPattern {
     RowRole role = RowRole::Column;
     int64_t granule = 1;
     int segments = 1;
+    bool repeat = false;  ///< as RowSplitRule::repeat
 };
 
 /// The rules of one module: parameter (full canonical name) -> rule; parameters not listed are

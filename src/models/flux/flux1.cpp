@@ -5,8 +5,10 @@
 #include "core/log.h"
 #include "io/diffusers.h"
 #include "models/flux/flux_common.h"
+#include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3.h"
+#include "placement/placed_sequence.h"
 #include "text/clip_tokenizer.h"
 #include "text/t5_tokenizer.h"
 
@@ -67,6 +69,141 @@ struct Flux1::TeModels {
     nn::ParamBuffer clip_params;
     std::unique_ptr<runtime::GraphRunner> runner;
     std::string desc;
+};
+
+namespace {
+
+using T5Placed = placement::PlacedSequence<t5::T5Inputs, t5::T5State, t5::T5Outputs>;
+using ClipPlaced = placement::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
+using DiTPlaced = placement::PlacedSequence<FluxInputs, FluxState, FluxOutputs>;
+
+/// The T5 encoder's tree, source and load options (no weights).
+struct T5Model {
+    t5::T5Config cfg;
+    std::unique_ptr<t5::T5Encoder> net;
+    std::unique_ptr<nn::TensorSource> src;
+    nn::LoadOptions lo;
+    T5Model(const io::WeightIndex& ti, const t5::T5Keys& keys, const t5::T5Config& c, ggml_type weight_type) : cfg(c) {
+        net = std::make_unique<t5::T5Encoder>(cfg);
+        src = std::make_unique<nn::TensorSource>(t5::make_tensor_source(ti, keys));
+        lo = t5::default_load_options(ti, keys);
+        lo.weight_type = weight_type;
+    }
+};
+
+/// CLIP-L's tree, source and load options (no weights).
+struct ClipModel {
+    clip::ClipConfig cfg;
+    std::unique_ptr<clip::ClipTextModel> net;
+    std::unique_ptr<nn::TensorSource> src;
+    nn::LoadOptions lo;
+    ClipModel(const io::WeightIndex& ci, const clip::ClipKeys& keys, const clip::ClipConfig& c, ggml_type weight_type) : cfg(c) {
+        net = std::make_unique<clip::ClipTextModel>(cfg);
+        src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ci, keys, cfg));
+        lo = clip::default_load_options(keys, cfg, ci);
+        lo.weight_type = weight_type;
+    }
+};
+
+/// The DiT's tree and source (BFL renames / slices applied), no weights.
+struct DiTModel {
+    FluxDiTConfig cfg;
+    std::unique_ptr<FluxDiT> net;
+    std::unique_ptr<nn::TensorSource> src;
+    nn::LoadOptions lo;
+    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const FluxDiTConfig& c, ggml_type weight_type) : cfg(c) {
+        net = std::make_unique<FluxDiT>(cfg, s.layout == FluxLayout::Bfl);
+        src = std::make_unique<nn::TensorSource>(idx, s.prefix);
+        configure_flux_source(*src, cfg, s);
+        lo.weight_type = weight_type;
+    }
+};
+
+/// T5 inputs: ids {L, 1}, relative-position buckets {L*L}, no mask (FluxPipeline runs T5 without one).
+std::function<t5::T5Inputs(runtime::GraphBuilder&)> t5_inputs(int64_t L, std::span<const int32_t> ids, std::span<const int32_t> buckets) {
+    return [=](runtime::GraphBuilder& g) {
+        t5::T5Inputs in;
+        in.ids = g.input_i32("t5_ids", {L, 1}, ids);
+        in.buckets = g.input_i32("t5_buckets", {L * L}, buckets);
+        return in;
+    };
+}
+
+/// CLIP inputs: ids {Lc, 1}, the pooled token's row {1}.
+std::function<clip::ClipInputs(runtime::GraphBuilder&)> clip_inputs(int64_t Lc, std::span<const int32_t> ids, std::span<const int32_t> pool) {
+    return [=](runtime::GraphBuilder& g) {
+        clip::ClipInputs in;
+        in.ids = g.input_i32("clip_ids", {Lc, 1}, ids);
+        in.pool_index = g.input_i32("clip_pool", {1}, pool);
+        return in;
+    };
+}
+
+std::vector<ggml_tensor*> t5_output(t5::T5Outputs& o) { return {o.last_hidden_state}; }
+std::vector<ggml_tensor*> clip_output(clip::ClipOutputs& o) { return {o.pooler_output}; }
+std::vector<ggml_tensor*> dit_output(FluxOutputs& o) { return {o.sample}; }
+
+/// Host data of one DiT evaluation: packed image tokens [Li, 64], context [Lt, J], pooled [P],
+/// timestep, guidance, rotary tables of [txt ids; img ids].
+struct DiTHost {
+    std::vector<float> img, txt, pooled, t{0.0f}, g{0.0f};
+    RopeTables rope;
+    int64_t Li = 0, Lt = 0;
+};
+
+/// The DiT's inputs from `d` (which must outlive the returned function's calls).
+std::function<FluxInputs(runtime::GraphBuilder&)> dit_inputs(const FluxDiTConfig& cfg, const DiTHost& d) {
+    return [&cfg, &d](runtime::GraphBuilder& gb) {
+        FluxInputs in;
+        in.img = gb.input_f32("img", {cfg.in_channels, d.Li, 1}, d.img);
+        in.txt = gb.input_f32("txt", {cfg.joint_dim, d.Lt, 1}, d.txt);
+        in.pooled = gb.input_f32("pooled", {cfg.pooled_dim, 1}, d.pooled);
+        in.timestep = gb.input_f32("timestep", {1}, d.t);
+        if (cfg.guidance_embeds) in.guidance = gb.input_f32("guidance", {1}, d.g);
+        in.rope_cos = gb.input_f32("rope_cos", {d.rope.half_dim, d.rope.tokens}, d.rope.cos);
+        in.rope_sin = gb.input_f32("rope_sin", {d.rope.half_dim, d.rope.tokens}, d.rope.sin);
+        return in;
+    };
+}
+
+/// Rotary tables of FLUX.1's sequence: Lt text tokens (ids 0), then the rows x cols image tokens (0, y, x).
+RopeTables flux1_rope(const FluxDiTConfig& cfg, int64_t Lt, int64_t rows, int64_t cols) {
+    std::vector<float> ids((size_t)(Lt * 3), 0.0f);
+    const std::vector<float> img_ids = flux1_image_ids(rows, cols);
+    ids.insert(ids.end(), img_ids.begin(), img_ids.end());
+    return rope_tables(ids, Lt + rows * cols, cfg.axes_dims, cfg.theta);
+}
+
+std::string dit_label(const FluxDiTConfig& cfg, int64_t h, int64_t w, int64_t Lt) {
+    return fmt::format("FLUX.1 DiT {} double + {} single blocks, latent 16x{}x{}, context {} tokens", cfg.n_double, cfg.n_single, h, w, Lt);
+}
+
+}  // namespace
+
+struct Flux1::PlacedTe {
+    std::unique_ptr<io::WeightIndex> t5_own, clip_own;
+    std::unique_ptr<T5Model> t5;
+    std::unique_ptr<ClipModel> clip;
+    std::unique_ptr<T5Placed> t5p;
+    std::unique_ptr<ClipPlaced> clipp;
+};
+
+namespace {
+
+/// Measured peaks of the text encoders per device: T5's and CLIP's runners are loaded together
+/// (one stage), so their peaks add on a device they share.
+template <class Te>
+std::map<std::string, uint64_t> te_peaks(const Te& te) {
+    std::map<std::string, uint64_t> p = te.t5p->peaks();
+    for (auto& [d, b] : te.clipp->peaks()) p[d] += b;
+    return p;
+}
+
+}  // namespace
+
+struct Flux1::PlacedDiT {
+    std::unique_ptr<DiTModel> model;
+    std::unique_ptr<DiTPlaced> placed;
 };
 
 Flux1::~Flux1() = default;
@@ -286,8 +423,8 @@ std::vector<std::string> Flux1::module_files(Module m) const {
 
 bool Flux1::loaded(Module m) const {
     switch (m) {
-    case Module::Te: return te_ != nullptr;
-    case Module::Diffusion: return dit_ != nullptr;
+    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
+    case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
@@ -298,6 +435,23 @@ void Flux1::load(Module m) {
     if (loaded(m)) return;
     switch (m) {
     case Module::Te: {
+        if (opt_.placement) {  // planned and loaded on the first encoding
+            auto p = std::make_unique<PlacedTe>();
+            t5::T5Keys tk;
+            clip::ClipKeys ck;
+            t5::T5Config tc;
+            clip::ClipConfig cc;
+            const io::WeightIndex& ti = t5_headers(p->t5_own, tk, tc);
+            const io::WeightIndex& ci = clip_headers(p->clip_own, ck, cc);
+            p->t5 = std::make_unique<T5Model>(ti, tk, tc, weight_type_);
+            p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_);
+            p->t5p = std::make_unique<T5Placed>(*p->t5->net, *p->t5->net, *p->t5->src, p->t5->lo, placement::PModule::Te, *opt_.placement,
+                                                opt_.threads, opt_.flash_attn_te);
+            p->clipp = std::make_unique<ClipPlaced>(*p->clip->net, *p->clip->net, *p->clip->src, p->clip->lo, placement::PModule::Te,
+                                                    *opt_.placement, opt_.threads, opt_.flash_attn_te);
+            placed_te_ = std::move(p);
+            break;
+        }
         auto te = std::make_unique<TeModels>();
         // Both encoders' headers are checked before anything is loaded.
         t5::T5Keys tk;
@@ -319,6 +473,15 @@ void Flux1::load(Module m) {
         break;
     }
     case Module::Diffusion: {
+        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
+            placed_dit_ = std::make_unique<PlacedDiT>();
+            placed_dit_->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
+            DiTModel& dm = *placed_dit_->model;
+            placed_dit_->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement,
+                                                              opt_.threads, opt_.flash_attn_diffusion);
+            placed_dit_->placed->set_row_split(flux1_row_split_rules(*dm.net));
+            break;
+        }
         dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
@@ -342,10 +505,23 @@ void Flux1::load(Module m) {
 
 void Flux1::unload(Module m) {
     switch (m) {
-    case Module::Te: te_.reset(); break;
+    case Module::Te:
+        te_.reset();
+        if (placed_te_) {
+            std::vector<placement::ModulePlan> done;
+            if (!placed_te_->t5p->current_plan().segments.empty()) done.push_back(placed_te_->t5p->current_plan());
+            if (!placed_te_->clipp->current_plan().segments.empty()) done.push_back(placed_te_->clipp->current_plan());
+            if (!done.empty()) {
+                te_plans_done_ = std::move(done);
+                te_peaks_done_ = te_peaks(*placed_te_);
+            }
+        }
+        placed_te_.reset();
+        break;
     case Module::Diffusion:
         dit_.reset();
         dit_runner_.reset();
+        placed_dit_.reset();
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
@@ -383,6 +559,28 @@ Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) 
     std::vector<int32_t> t5_ids = text::T5Tokenizer::builtin().encode_padded(prompt, (int)kFlux1T5Tokens);
     std::vector<int32_t> clip_ids = text::ClipTokenizer::builtin().encode_window(prompt, text::ClipTokenizer::kEos);
     load(Module::Te);
+    if (placed_te_) {
+        PlacedTe& p = *placed_te_;
+        t5::check_token_ids(t5_ids, p.t5->cfg.vocab);
+        clip::check_token_ids(clip_ids, p.clip->cfg.vocab);
+        const int64_t L = kFlux1T5Tokens, Lc = (int64_t)clip_ids.size();
+        if (Lc > p.clip->cfg.positions)
+            fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_flag_, p.clip->cfg.positions,
+                 Lc);
+        const auto buckets = t5::relative_position_buckets(L, p.t5->cfg.num_buckets, p.t5->cfg.max_distance);
+        const std::vector<int32_t> pool = clip::pool_indices(clip_ids, Lc, 1, p.clip->cfg.eos_token_id);
+        auto ctx = p.t5p->run({L}, t5_inputs(L, t5_ids, buckets), t5_output,
+                              fmt::format("T5 {} layers, {} tokens", p.t5->cfg.layers, L));
+        auto pooled = p.clipp->run({Lc}, clip_inputs(Lc, clip_ids, pool), clip_output,
+                                   fmt::format("CLIP {} layers (pooled), {} tokens", p.clip->cfg.layers, Lc));
+        Conditioning r;
+        r.dim = ctx.at(0).ne[0];
+        r.tokens = ctx[0].ne[1];
+        r.context = std::move(ctx[0].data);
+        r.pooled = std::move(pooled.at(0).data);
+        r.token_ids = std::move(t5_ids);
+        return r;
+    }
     TeModels& te = *te_;
     t5::check_token_ids(t5_ids, te.t5cfg.vocab);
     clip::check_token_ids(clip_ids, te.clipcfg.vocab);
@@ -432,17 +630,31 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
              dcfg_.pooled_dim, flux1_expected_clip(dcfg_.pooled_dim));
     if (!std::isfinite(timestep)) fail(ErrorKind::InvalidInput, "timestep {} is not finite", timestep);
     load(Module::Diffusion);
-    const auto& cfg = dit_->module->config();
+    const auto& cfg = dcfg_;
     const int64_t rows = h / 2, cols = w / 2, Li = rows * cols, Lt = cond.tokens;
     std::vector<float> img = pack_latents(x, 1, C, h, w);
     // position ids: text tokens (0, 0, 0), then image tokens (0, y, x)
-    std::vector<float> ids((size_t)(Lt * 3), 0.0f);
-    const std::vector<float> img_ids = flux1_image_ids(rows, cols);
-    ids.insert(ids.end(), img_ids.begin(), img_ids.end());
-    const RopeTables rope = rope_tables(ids, Lt + Li, cfg.axes_dims, cfg.theta);
+    const RopeTables rope = flux1_rope(cfg, Lt, rows, cols);
     // FluxPipeline: timestep = t / 1000 in float32 (t = sigma * 1000 from the scheduler)
     const float t_model = (float)timestep / 1000.0f;
     const float g = guidance_;
+    if (placed_dit_) {
+        DiTHost d;
+        d.img = std::move(img);
+        d.txt = cond.context;
+        d.pooled = cond.pooled;
+        d.t = {t_model};
+        d.g = {g};
+        d.rope = rope;
+        d.Li = Li;
+        d.Lt = Lt;
+        auto res = placed_dit_->placed->run({h, w, Lt}, dit_inputs(placed_dit_->model->cfg, d), dit_output, dit_label(cfg, h, w, Lt));
+        if (res.at(0).numel() != Li * cfg.out_channels)
+            fail(ErrorKind::Internal, "FLUX.1 DiT: output has {} values, expected {}", res[0].numel(), Li * cfg.out_channels);
+        std::vector<float> lat = unpack_latents(res[0].data, 1, C, h, w);
+        std::copy(lat.begin(), lat.end(), out.begin());
+        return;
+    }
     auto res = dit_runner_->run([&](runtime::GraphBuilder& gb) {
         nn::Ctx c{gb.ctx(), opt_.flash_attn_diffusion, gb.backend()};
         FluxInputs in;
@@ -477,6 +689,97 @@ vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOpt
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
     return vae_enc_->encode(image, tiling, ex);
+}
+
+std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w) {
+    std::vector<placement::ModuleCosts> out;
+    if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
+        fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
+    const int64_t L = kFlux1T5Tokens;
+    if (!t5_path_.empty()) {  // T5 at 512 tokens
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            std::unique_ptr<T5Model> model;
+            std::vector<int32_t> ids, buckets;
+        };
+        auto k = std::make_shared<Keep>();
+        t5::T5Keys keys;
+        t5::T5Config tc;
+        const io::WeightIndex& ti = t5_headers(k->own, keys, tc);
+        k->model = std::make_unique<T5Model>(ti, keys, tc, weight_type_);
+        k->ids.assign((size_t)L, 0);
+        k->buckets = t5::relative_position_buckets(L, tc.num_buckets, tc.max_distance);
+        T5Model& m = *k->model;
+        out.push_back(placement::self_contained_costs<t5::T5Inputs, t5::T5State, t5::T5Outputs>(
+            placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, t5_inputs(L, k->ids, k->buckets),
+            t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L)));
+    }
+    if (!clip_path_.empty()) {  // CLIP-L: one 77-token window
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            std::unique_ptr<ClipModel> model;
+            std::vector<int32_t> ids, pool;
+        };
+        auto k = std::make_shared<Keep>();
+        clip::ClipKeys keys;
+        clip::ClipConfig cc;
+        const io::WeightIndex& ci = clip_headers(k->own, keys, cc);
+        k->model = std::make_unique<ClipModel>(ci, keys, cc, weight_type_);
+        const int64_t Lc = std::min<int64_t>(77, cc.positions);
+        k->ids.assign((size_t)Lc, 0);
+        k->pool = {0};
+        ClipModel& m = *k->model;
+        out.push_back(placement::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
+            placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, clip_inputs(Lc, k->ids, k->pool),
+            clip_output, fmt::format("CLIP {} layers (pooled), {} tokens", cc.layers, Lc)));
+    }
+    {  // the DiT at h x w with a 512-token context
+        struct Keep {
+            std::unique_ptr<DiTModel> model;
+            DiTHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        k->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
+        DiTHost& d = k->d;
+        d.Li = (h / 2) * (w / 2);
+        d.Lt = L;
+        d.img.assign((size_t)(d.Li * dcfg_.in_channels), 0.0f);
+        d.txt.assign((size_t)(L * dcfg_.joint_dim), 0.0f);
+        d.pooled.assign((size_t)dcfg_.pooled_dim, 0.0f);
+        d.rope = flux1_rope(dcfg_, L, h / 2, w / 2);
+        DiTModel& m = *k->model;
+        out.push_back(placement::self_contained_costs<FluxInputs, FluxState, FluxOutputs>(
+            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
+            dit_output, dit_label(dcfg_, h, w, L), flux1_row_split_rules(*m.net)));
+    }
+    return out;
+}
+
+std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+}
+
+std::vector<placement::ModulePlan> Flux1::placement_plans() const {
+    std::vector<placement::ModulePlan> r;
+    if (placed_te_ && !placed_te_->t5p->current_plan().segments.empty()) {
+        r.push_back(placed_te_->t5p->current_plan());
+        if (!placed_te_->clipp->current_plan().segments.empty()) r.push_back(placed_te_->clipp->current_plan());
+    } else {
+        r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
+    }
+    if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    return r;
+}
+
+std::map<std::string, uint64_t> Flux1::placement_peaks() const {
+    std::map<std::string, uint64_t> p = te_peaks_done_;
+    auto merge = [&](const std::map<std::string, uint64_t>& m) {
+        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
+    };
+    if (placed_te_) merge(te_peaks(*placed_te_));
+    if (placed_dit_) merge(placed_dit_->placed->peaks());
+    return p;
 }
 
 }  // namespace easel::models::flux

@@ -115,6 +115,16 @@ public:
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
+    /// te: two costs of module te (one stage: they are loaded together): the T5 encoder at 512
+    /// tokens (kFlux1T5Tokens) and CLIP-L at one 77-token window; diffusion: the DiT for a latent
+    /// of h x w cells ((h/2)(w/2) image tokens) and a 512-token context. Reads the text encoders'
+    /// headers; a text encoder without a file is left out.
+    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
+    /// With FamilyOptions::placement: plans of T5, CLIP and the DiT (placement::plan_modules).
+    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
+    /// Plans in use (the text encoders' kept after they are unloaded) and measured peaks per device.
+    std::vector<placement::ModulePlan> placement_plans() const override;
+    std::map<std::string, uint64_t> placement_peaks() const override;
 
     /// The DiT's configuration (from the headers).
     const FluxDiTConfig& dit_config() const { return dcfg_; }
@@ -125,7 +135,9 @@ public:
 
 private:
     Flux1() = default;
-    struct TeModels;  ///< T5 + CLIP, loaded
+    struct TeModels;   ///< T5 + CLIP, loaded
+    struct PlacedTe;   ///< T5 + CLIP under FamilyOptions::placement (two PlacedSequences, stage te)
+    struct PlacedDiT;  ///< the DiT under FamilyOptions::placement
     /// Opens (or reuses) the index of a text encoder file and checks it. Throws
     /// Error(ModelMismatch) naming the flag, what was found and what FLUX.1 expects.
     const io::WeightIndex& t5_headers(std::unique_ptr<io::WeightIndex>& own, t5::T5Keys& keys, t5::T5Config& cfg) const;
@@ -154,6 +166,10 @@ private:
     std::unique_ptr<runtime::GraphRunner> dit_runner_, vae_runner_;
     std::unique_ptr<FluxDiTModel> dit_;
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
+    std::unique_ptr<PlacedTe> placed_te_;
+    std::unique_ptr<PlacedDiT> placed_dit_;
+    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plans, kept after unload
+    std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

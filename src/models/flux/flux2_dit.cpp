@@ -186,6 +186,21 @@ ggml_tensor* Flux2SingleBlock::forward(nn::Ctx& c, ggml_tensor* x, ggml_tensor* 
     ggml_context* ctx = c.ctx;
     const int64_t D = hidden, M = mlp_hidden;
     ggml_tensor* nx = modulate(c, layer_norm(c, x), mod_chunk(c, m, 0, D), mod_chunk(c, m, 1, D));
+    if (M % D == 0) {
+        // to_qkv_mlp_proj's rows [q | k | v | gate | value] read as D-wide parts (linear_rows:
+        // the same values as the fused matmul), the SwiGLU per D-wide chunk, and to_out's input
+        // [o | mlp chunks] joined by join_rows: a form ggml's meta device splits along the heads
+        // (--split-mode row, flux_row_split.h)
+        ggml_tensor* q = apply_rope(c, norm_q->forward(c, split_heads(c, linear_rows(c, *qkv_mlp, nx, 0, D), head_dim, heads)), cos, sin);
+        ggml_tensor* k = apply_rope(c, norm_k->forward(c, split_heads(c, linear_rows(c, *qkv_mlp, nx, D, D), head_dim, heads)), cos, sin);
+        ggml_tensor* v = linear_rows(c, *qkv_mlp, nx, 2 * D, D);
+        ggml_tensor* o = nn::attention(c, merge_heads(c, q), merge_heads(c, k), v, heads, heads);
+        std::vector<ggml_tensor*> parts{o};
+        for (int64_t j = 0; j < M / D; ++j)
+            parts.push_back(ggml_swiglu_split(ctx, linear_rows(c, *qkv_mlp, nx, 3 * D + j * D, D), linear_rows(c, *qkv_mlp, nx, 3 * D + M + j * D, D)));
+        ggml_tensor* y = to_out->forward(c, join_rows(c, parts));
+        return ggml_add(ctx, x, ggml_mul(ctx, y, mod_chunk(c, m, 2, D)));
+    }
     ggml_tensor* h = qkv_mlp->forward(c, nx);  // {3D + 2M, L, N}: q | k | v | mlp (gate half, value half)
     ggml_tensor* q = apply_rope(c, norm_q->forward(c, split_heads(c, feat_slice(c, h, 0, D), head_dim, heads)), cos, sin);
     ggml_tensor* k = apply_rope(c, norm_k->forward(c, split_heads(c, feat_slice(c, h, D, D), head_dim, heads)), cos, sin);

@@ -5,7 +5,9 @@
 #include "core/log.h"
 #include "io/diffusers.h"
 #include "models/flux/flux_common.h"
+#include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
+#include "placement/placed_sequence.h"
 #include "text/qwen_tokenizer.h"
 
 #include <algorithm>
@@ -203,7 +205,6 @@ KleinReferences klein_pack_references(std::span<const vae::HostTensor> latents) 
 
 // ---------------------------------------------------------------------------------------------
 
-Flux2Klein::~Flux2Klein() = default;
 
 std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const FamilyOptions& opt) {
     std::unique_ptr<Flux2Klein> m(new Flux2Klein());
@@ -375,13 +376,169 @@ runtime::GraphRunner& Flux2Klein::vae_runner() {
 
 bool Flux2Klein::loaded(Module m) const {
     switch (m) {
-    case Module::Te: return te_ != nullptr;
-    case Module::Diffusion: return dit_ != nullptr;
+    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
+    case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
     return false;
 }
+
+namespace {
+
+/// State of the Klein text encoder: Qwen3's, plus hidden_states 9 and 18 once their layers ran.
+struct KleinTeState {
+    qwen3::Qwen3State q;
+    ggml_tensor* h9 = nullptr;
+    ggml_tensor* h18 = nullptr;
+    /// "h", "mask", "pos", then "h9" and "h18" when set.
+    void visit_tensors(const nn::StateTensorFn& f) {
+        q.visit_tensors(f);
+        if (h9) f("h9", h9);
+        if (h18) f("h18", h18);
+    }
+};
+
+/// The three hidden states the context stacks, each {hidden, L, N}.
+struct KleinTeOutputs {
+    ggml_tensor* h[3] = {nullptr, nullptr, nullptr};
+};
+
+/// Qwen3 (built with kKleinTextLayers[2] layers) as a Sequence whose output is hidden_states 9,
+/// 18 and 27 (transformers' output_hidden_states: index i = raw output of layer i - 1): the
+/// state keeps h9 / h18 from the block that makes them; the epilogue is the raw state.
+class KleinTeSeq : public nn::Sequence<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs> {
+public:
+    explicit KleinTeSeq(const qwen3::Qwen3Model& m) : m_(m) {}
+    int n_blocks() const override { return m_.n_blocks(); }
+    KleinTeState prologue(nn::Ctx& c, const qwen3::Qwen3Inputs& in) const override { return {m_.prologue(c, in)}; }
+    KleinTeState block(nn::Ctx& c, int i, KleinTeState s) const override {
+        s.q = m_.block(c, i, s.q);
+        if (i + 1 == kKleinTextLayers[0]) s.h9 = s.q.h;
+        if (i + 1 == kKleinTextLayers[1]) s.h18 = s.q.h;
+        return s;
+    }
+    KleinTeOutputs epilogue(nn::Ctx&, KleinTeState s) const override {
+        if (!s.h9 || !s.h18) fail(ErrorKind::Internal, "FLUX.2 Klein text encoder: hidden states 9 / 18 were not made");
+        KleinTeOutputs o;
+        o.h[0] = s.h9;
+        o.h[1] = s.h18;
+        o.h[2] = s.q.h;
+        return o;
+    }
+    const nn::Block& block_params(int i) const override { return m_.block_params(i); }
+
+private:
+    const qwen3::Qwen3Model& m_;
+};
+
+using TePlaced = placement::PlacedSequence<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>;
+using DiTPlaced = placement::PlacedSequence<Flux2Inputs, Flux2State, FluxOutputs>;
+
+/// Qwen3 with kKleinTextLayers[2] layers: tree, source, load options (no weights).
+struct TeModel {
+    qwen3::Qwen3Config cfg;
+    std::unique_ptr<qwen3::Qwen3Model> net;
+    std::unique_ptr<nn::TensorSource> src;
+    std::unique_ptr<KleinTeSeq> seq;
+    nn::LoadOptions lo;
+    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, ggml_type weight_type) {
+        qwen3::Qwen3Overrides ov;
+        ov.layers = kKleinTextLayers[2];
+        cfg = qwen3::infer_config(ti, keys, ov);
+        net = std::make_unique<qwen3::Qwen3Model>(cfg);
+        src = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, keys, cfg));
+        seq = std::make_unique<KleinTeSeq>(*net);
+        lo = qwen3::default_load_options(keys, cfg, ti);
+        lo.weight_type = weight_type;
+    }
+};
+
+/// The transformer's tree and source (BFL renames / slices applied), no weights.
+struct DiTModel {
+    Flux2DiTConfig cfg;
+    std::unique_ptr<Flux2DiT> net;
+    std::unique_ptr<nn::TensorSource> src;
+    nn::LoadOptions lo;
+    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const Flux2DiTConfig& c, ggml_type weight_type) : cfg(c) {
+        net = std::make_unique<Flux2DiT>(cfg, s.layout == FluxLayout::Bfl);
+        src = std::make_unique<nn::TensorSource>(idx, s.prefix);
+        configure_flux2_source(*src, cfg, s);
+        lo.weight_type = weight_type;
+    }
+};
+
+/// Host data of the text encoder: ids [L], additive mask [L, L], positions [L].
+struct TeHost {
+    std::vector<int32_t> ids, pos;
+    std::vector<float> mask;
+    int64_t L = 0;
+};
+
+std::function<qwen3::Qwen3Inputs(runtime::GraphBuilder&)> te_inputs(const TeHost& d) {
+    return [&d](runtime::GraphBuilder& g) {
+        qwen3::Qwen3Inputs in;
+        in.ids = g.input_i32("ids", {d.L, 1}, d.ids);
+        in.mask = g.input_f32("mask", {d.L, d.L, 1, 1}, d.mask);
+        in.pos = g.input_i32("pos", {d.L}, d.pos);
+        return in;
+    };
+}
+
+std::vector<ggml_tensor*> te_outputs(KleinTeOutputs& o) { return {o.h[0], o.h[1], o.h[2]}; }
+std::vector<ggml_tensor*> dit_output(FluxOutputs& o) { return {o.sample}; }
+
+/// Host data of one transformer evaluation: tokens [L, C] (image then reference tokens),
+/// context [Lt, J], timestep, rotary tables of [txt; img; refs].
+struct DiTHost {
+    std::vector<float> img, txt, t{0.0f};
+    RopeTables rope;
+    int64_t L = 0, Lt = 0;
+};
+
+std::function<Flux2Inputs(runtime::GraphBuilder&)> dit_inputs(const Flux2DiTConfig& cfg, const DiTHost& d) {
+    return [&cfg, &d](runtime::GraphBuilder& g) {
+        Flux2Inputs in;
+        in.img = g.input_f32("img", {cfg.in_channels, d.L, 1}, d.img);
+        in.txt = g.input_f32("txt", {cfg.joint_dim, d.Lt, 1}, d.txt);
+        in.timestep = g.input_f32("t", {1}, d.t);
+        in.rope_cos = g.input_f32("rope_cos", {d.rope.half_dim, d.rope.tokens}, d.rope.cos);
+        in.rope_sin = g.input_f32("rope_sin", {d.rope.half_dim, d.rope.tokens}, d.rope.sin);
+        return in;
+    };
+}
+
+/// Rotary tables of the sequence [Lt text tokens; h x w image tokens; reference tokens].
+RopeTables klein_rope(const Flux2DiTConfig& cfg, int64_t Lt, int64_t h, int64_t w, const std::vector<float>& ref_ids) {
+    std::vector<float> ids = flux2_text_ids(Lt);
+    auto iids = flux2_image_ids(h, w, 0.0f);
+    ids.insert(ids.end(), iids.begin(), iids.end());
+    ids.insert(ids.end(), ref_ids.begin(), ref_ids.end());
+    return rope_tables(ids, Lt + h * w + (int64_t)ref_ids.size() / 4, cfg.axes_dims, cfg.theta);
+}
+
+std::string te_label(const qwen3::Qwen3Config& cfg, int64_t L) {
+    return fmt::format("Qwen3 {} layers (hidden_states 9, 18, 27), {} tokens", cfg.layers, L);
+}
+std::string dit_label(const Flux2DiTConfig& cfg, int64_t h, int64_t w, int64_t Lr, int64_t Lt) {
+    return fmt::format("FLUX.2 DiT {} double + {} single blocks, latent {}x{}x{}{}, context {} tokens", cfg.n_double, cfg.n_single,
+                       cfg.in_channels, h, w, Lr ? fmt::format(" + {} reference tokens", Lr) : std::string(), Lt);
+}
+
+}  // namespace
+
+struct Flux2Klein::PlacedTe {
+    std::unique_ptr<io::WeightIndex> own;
+    std::unique_ptr<TeModel> model;
+    std::unique_ptr<TePlaced> placed;
+};
+
+struct Flux2Klein::PlacedDiT {
+    std::unique_ptr<DiTModel> model;
+    std::unique_ptr<DiTPlaced> placed;
+};
+
+Flux2Klein::~Flux2Klein() = default;
 
 const text::QwenTokenizer& Flux2Klein::tokenizer() const {
     if (tokenizer_json_.empty()) return text::QwenTokenizer::builtin();
@@ -425,6 +582,17 @@ void Flux2Klein::load(Module m) {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, keys, qc);
+        if (opt_.placement) {  // planned and loaded on the first encoding
+            auto p = std::make_unique<PlacedTe>();
+            p->model = std::make_unique<TeModel>(ti, keys, weight_type_);
+            p->own = std::move(own);
+            TeModel& tm = *p->model;
+            p->placed = std::make_unique<TePlaced>(*tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads,
+                                                   opt_.flash_attn_te);
+            te_desc_ = fmt::format("Qwen3 hidden {} x {} layers (first {} loaded)", qc.hidden, qc.layers, tm.cfg.layers);
+            placed_te_ = std::move(p);
+            break;
+        }
         qwen3::Qwen3RunOptions ro;
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
@@ -440,6 +608,15 @@ void Flux2Klein::load(Module m) {
         break;
     }
     case Module::Diffusion: {
+        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
+            placed_dit_ = std::make_unique<PlacedDiT>();
+            placed_dit_->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
+            DiTModel& dm = *placed_dit_->model;
+            placed_dit_->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement,
+                                                              opt_.threads, opt_.flash_attn_diffusion);
+            placed_dit_->placed->set_row_split(flux2_row_split_rules(*dm.net));
+            break;
+        }
         dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
@@ -473,10 +650,18 @@ void Flux2Klein::load(Module m) {
 
 void Flux2Klein::unload(Module m) {
     switch (m) {
-    case Module::Te: te_.reset(); break;
+    case Module::Te:
+        te_.reset();
+        if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) {
+            te_plans_done_ = {placed_te_->placed->current_plan()};
+            te_peaks_done_ = placed_te_->placed->peaks();
+        }
+        placed_te_.reset();
+        break;
     case Module::Diffusion:
         dit_.reset();
         dit_runner_.reset();
+        placed_dit_.reset();
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
@@ -523,13 +708,23 @@ Conditioning Flux2Klein::encode_prompt(const std::string& prompt, int /*clip_ski
     std::vector<int32_t> ids, mask01;
     klein_prompt_tokens(tokenizer(), prompt, ids, mask01);
     load(Module::Te);
-    const int64_t vocab = te_->config().vocab;
+    const int64_t vocab = placed_te_ ? placed_te_->model->cfg.vocab : te_->config().vocab;
     for (int32_t id : ids)
         if (id < 0 || id >= vocab)
             fail(ErrorKind::ModelMismatch, "{}: token id {} is outside the text encoder's vocabulary of {}; FLUX.2 Klein expects {} with Qwen's vocabulary",
                  te_flag_, id, vocab, klein_expected_text_encoder(dcfg_.joint_dim));
-    auto hs = te_->run(ids, mask01, 1, kKleinPromptTokens, std::span<const int>(kKleinTextLayers, 3));
-    te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+    std::vector<runtime::HostTensor> hs;
+    if (placed_te_) {
+        TeHost d;
+        d.L = kKleinPromptTokens;
+        d.ids = ids;
+        d.mask = qwen3::attention_mask(mask01, d.L, 1);
+        d.pos = qwen3::positions(d.L);
+        hs = placed_te_->placed->run({d.L}, te_inputs(d), te_outputs, te_label(placed_te_->model->cfg, d.L));
+    } else {
+        hs = te_->run(ids, mask01, 1, kKleinPromptTokens, std::span<const int>(kKleinTextLayers, 3));
+        te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+    }
     runtime::HostTensor st = qwen3::stack_hidden_states(hs);
     Conditioning r;
     r.dim = st.ne[0];
@@ -573,6 +768,22 @@ void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> conc
     const RopeTables rope = rope_tables(ids, Lt + L, dcfg_.axes_dims, dcfg_.theta);
     // Flux2KleinPipeline: timestep = t / 1000 in float32, t = sigma * 1000 (float32)
     const float t_model = (float)timestep / 1000.0f;
+    if (placed_dit_) {
+        DiTHost d;
+        d.img = std::move(img);
+        d.txt = cond.context;
+        d.t = {t_model};
+        d.rope = rope;
+        d.L = L;
+        d.Lt = Lt;
+        auto res = placed_dit_->placed->run({h, w, Lr, Lt}, dit_inputs(placed_dit_->model->cfg, d), dit_output, dit_label(dcfg_, h, w, Lr, Lt));
+        if ((int64_t)res.at(0).data.size() != C * L)
+            fail(ErrorKind::Internal, "FLUX.2 transformer: output has {} values, expected {}", res[0].data.size(), C * L);
+        res[0].data.resize((size_t)(C * Li));
+        vae::HostTensor o = flux2_unpack_tokens(res[0].data, 1, C, h, w);
+        std::copy(o.data.begin(), o.data.end(), out.begin());
+        return;
+    }
     dit_runner_->set_threads(opt_.threads);
     auto res = dit_runner_->run([&](runtime::GraphBuilder& g) {
         nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion, g.backend()};
@@ -647,6 +858,74 @@ void Flux2Klein::set_reference_images(std::span<const vae::HostTensor> images) {
         log::info("reference image {}: {}x{} pixels -> {} tokens", i + 1, img.w, img.h, lat.back().h * lat.back().w);
     }
     refs_ = klein_pack_references(lat);
+}
+
+std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64_t w) {
+    std::vector<placement::ModuleCosts> out;
+    if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "latent size {}x{} must be positive", w, h);
+    const int64_t Lt = kKleinPromptTokens;
+    if (!te_path_.empty()) {  // te: Qwen3 of 27 layers at 512 tokens with the padding mask
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            std::unique_ptr<TeModel> model;
+            TeHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(k->own, keys, qc);
+        k->model = std::make_unique<TeModel>(ti, keys, weight_type_);
+        k->d.L = Lt;
+        k->d.ids.assign((size_t)Lt, 0);
+        k->d.mask = qwen3::attention_mask(std::vector<int32_t>((size_t)Lt, 1), Lt, 1);
+        k->d.pos = qwen3::positions(Lt);
+        TeModel& tm = *k->model;
+        out.push_back(placement::self_contained_costs<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>(
+            placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te, te_inputs(k->d), te_outputs,
+            te_label(tm.cfg, Lt)));
+    }
+    {  // diffusion: h x w image tokens (+ the reference tokens set so far) and a 512-token context
+        struct Keep {
+            std::unique_ptr<DiTModel> model;
+            DiTHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        k->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
+        DiTHost& d = k->d;
+        d.L = h * w + refs_.count;
+        d.Lt = Lt;
+        d.img.assign((size_t)(d.L * dcfg_.in_channels), 0.0f);
+        d.txt.assign((size_t)(Lt * dcfg_.joint_dim), 0.0f);
+        d.rope = klein_rope(dcfg_, Lt, h, w, refs_.ids);
+        DiTModel& m = *k->model;
+        out.push_back(placement::self_contained_costs<Flux2Inputs, Flux2State, FluxOutputs>(
+            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
+            dit_output, dit_label(dcfg_, h, w, refs_.count, Lt), flux2_row_split_rules(*m.net)));
+    }
+    return out;
+}
+
+std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+}
+
+std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
+    std::vector<placement::ModulePlan> r;
+    if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
+    else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
+    if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    return r;
+}
+
+std::map<std::string, uint64_t> Flux2Klein::placement_peaks() const {
+    std::map<std::string, uint64_t> p = te_peaks_done_;
+    auto merge = [&](const std::map<std::string, uint64_t>& m) {
+        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
+    };
+    if (placed_te_) merge(placed_te_->placed->peaks());
+    if (placed_dit_) merge(placed_dit_->placed->peaks());
+    return p;
 }
 
 }  // namespace easel::models::flux

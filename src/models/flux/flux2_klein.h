@@ -160,6 +160,16 @@ public:
     void set_reference_images(std::span<const vae::HostTensor> images) override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
+    /// te: Qwen3 built with 27 layers (kKleinTextLayers[2]: hidden_states 9, 18 and 27 are raw
+    /// layer outputs, the last one the state after its last block), 512 tokens with the padding
+    /// mask; diffusion: the transformer for a latent of h x w cells and a 512-token context (plus
+    /// the reference tokens set so far). Reads the text encoder's headers.
+    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
+    /// With FamilyOptions::placement: plans of te and diffusion (placement::plan_modules).
+    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
+    /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
+    std::vector<placement::ModulePlan> placement_plans() const override;
+    std::map<std::string, uint64_t> placement_peaks() const override;
 
     /// The transformer's configuration (from the headers).
     const Flux2DiTConfig& dit_config() const { return dcfg_; }
@@ -176,6 +186,8 @@ private:
     const text::QwenTokenizer& tokenizer() const;
     const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const;
     vae::HostTensor vae_encode_mean(const vae::HostTensor& image, const vae::TilingOptions& tiling, vae::HostTensor* logvar);
+    struct PlacedTe;   ///< Qwen3 under FamilyOptions::placement
+    struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
     ModelFiles files_;
     FamilyOptions opt_;
@@ -203,6 +215,10 @@ private:
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;
+    std::unique_ptr<PlacedTe> placed_te_;
+    std::unique_ptr<PlacedDiT> placed_dit_;
+    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
+    std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <ggml-cpu.h>
 
 #include <cmath>
+#include <string>
 
 namespace easel::models::flux {
 
@@ -52,9 +53,14 @@ ggml_tensor* apply_rope(nn::Ctx& c, ggml_tensor* x, ggml_tensor* cos, ggml_tenso
     // out = x * C + swap(x) * S, where swap exchanges the two channels of each pair and the
     // full-width tables are C = (cos, cos) and S = (-sin, sin) per pair, {D, 1, L} (repeated over
     // heads; over the batch because L*N tiles L). The products run on whole contiguous rows.
+    // The pair swap views x as {2, D/2, H, L*N} and takes the even / odd channels with the
+    // heads axis kept whole (strides of x along H and L): ggml's meta device (--split-mode row,
+    // heads split across devices) can split such a view along H, which it cannot for a view
+    // that flattens heads and tokens into one strided axis.
     const size_t es = ggml_element_size(x);
-    ggml_tensor* x0 = ggml_view_2d(ctx, x, 1, D / 2 * H * L * N, 2 * es, 0);
-    ggml_tensor* x1 = ggml_view_2d(ctx, x, 1, D / 2 * H * L * N, 2 * es, es);
+    ggml_tensor* xp = ggml_reshape_4d(ctx, x, 2, D / 2, H, L * N);
+    ggml_tensor* x0 = ggml_view_4d(ctx, xp, 1, D / 2, H, L * N, xp->nb[1], xp->nb[2], xp->nb[3], 0);
+    ggml_tensor* x1 = ggml_view_4d(ctx, xp, 1, D / 2, H, L * N, xp->nb[1], xp->nb[2], xp->nb[3], es);
     ggml_tensor* sw = ggml_reshape_4d(ctx, ggml_concat(ctx, x1, x0, 0), D, H, L * N, 1);
     ggml_tensor* cs = ggml_reshape_3d(ctx, cos, 1, D / 2, L);
     ggml_tensor* sn = ggml_reshape_3d(ctx, sin, 1, D / 2, L);
@@ -65,8 +71,23 @@ ggml_tensor* apply_rope(nn::Ctx& c, ggml_tensor* x, ggml_tensor* cos, ggml_tenso
     return ggml_reshape_4d(ctx, o, D, H, L, N);
 }
 
+namespace {
+
+/// True when `b` runs on a GPU backend whose GELU is computed in F32 (CUDA, Vulkan, Metal).
+/// The CPU backend (also behind RPC servers and ggml's meta device) reads an F16 table instead.
+bool f32_gelu_backend(ggml_backend_t b) {
+    if (!b) return false;
+    ggml_backend_dev_t d = ggml_backend_get_device(b);
+    if (!d) return false;
+    ggml_backend_reg_t r = ggml_backend_dev_backend_reg(d);
+    const std::string name = r ? ggml_backend_reg_name(r) : "";
+    return name == "CUDA" || name == "Vulkan" || name == "Metal";
+}
+
+}  // namespace
+
 ggml_tensor* gelu_tanh(nn::Ctx& c, ggml_tensor* x) {
-    if (c.backend && !ggml_backend_is_cpu(c.backend)) return ggml_gelu(c.ctx, x);
+    if (f32_gelu_backend(c.backend)) return ggml_gelu(c.ctx, x);
     ggml_context* ctx = c.ctx;
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
     ggml_tensor* x3 = ggml_mul(ctx, ggml_sqr(ctx, x), x);
@@ -176,5 +197,34 @@ ggml_tensor* split_heads(nn::Ctx& c, ggml_tensor* x, int64_t hd, int64_t h) {
 ggml_tensor* merge_heads(nn::Ctx& c, ggml_tensor* x) { return ggml_reshape_3d(c.ctx, x, x->ne[0] * x->ne[1], x->ne[2], x->ne[3]); }
 
 ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x) { return ggml_norm(c.ctx, x, 1e-6f); }
+
+ggml_tensor* linear_rows(nn::Ctx& c, const nn::Linear& l, ggml_tensor* x, int64_t begin, int64_t n) {
+    if (!l.w || !l.w->tensor) fail(ErrorKind::Internal, "linear_rows: the layer's weight is not loaded");
+    if (begin < 0 || n <= 0 || begin + n > l.out)
+        fail(ErrorKind::InvalidInput, "linear_rows: rows [{}, {}) outside the layer's {} outputs", begin, begin + n, l.out);
+    if (x->ne[0] != l.in) fail(ErrorKind::InvalidInput, "linear_rows: the layer takes {} input features, got {}", l.in, ne_str(x));
+    ggml_tensor* w = l.w->tensor;
+    ggml_tensor* wv = ggml_view_2d(c.ctx, w, w->ne[0], n, w->nb[1], size_t(begin) * w->nb[1]);
+    ggml_tensor* y = ggml_mul_mat(c.ctx, wv, x);
+    if (l.b && l.b->tensor) {
+        ggml_tensor* b = l.b->tensor;
+        y = ggml_add(c.ctx, y, ggml_view_1d(c.ctx, b, n, size_t(begin) * ggml_element_size(b)));
+    }
+    return y;
+}
+
+ggml_tensor* join_rows(nn::Ctx& c, const std::vector<ggml_tensor*>& parts) {
+    if (parts.empty()) fail(ErrorKind::InvalidInput, "join_rows: no parts");
+    ggml_context* ctx = c.ctx;
+    const int64_t D = parts[0]->ne[0], L = parts[0]->ne[1], N = parts[0]->ne[2];
+    ggml_tensor* acc = nullptr;
+    for (ggml_tensor* p : parts) {
+        if (p->ne[0] != D || p->ne[1] != L || p->ne[2] != N || p->ne[3] != 1)
+            fail(ErrorKind::InvalidInput, "join_rows: part {} differs from {}", ne_str(p), ne_str(parts[0]));
+        ggml_tensor* r = ggml_reshape_3d(ctx, ggml_is_contiguous(p) ? p : ggml_cont(ctx, p), D, 1, L * N);
+        acc = acc ? ggml_concat(ctx, acc, r, 1) : r;
+    }
+    return ggml_reshape_3d(ctx, acc, D * (int64_t)parts.size(), L, N);
+}
 
 }  // namespace easel::models::flux

@@ -86,6 +86,19 @@ const io::TensorInfo& need_tensor(const io::WeightIndex& idx, const std::string&
 ggml_tensor* split_heads(nn::Ctx& c, ggml_tensor* x, int64_t hd, int64_t h);
 ggml_tensor* merge_heads(nn::Ctx& c, ggml_tensor* x);
 
+/// Rows [begin, begin + n) of a Linear's output: x {in, L, N} -> {n, L, N} with the weight's rows
+/// (and bias entries) of that range, read through views of the loaded tensors (no copy): the
+/// same values as the matching rows of l.forward(c, x). Throws Error(InvalidInput) on a range
+/// outside the layer's outputs or a wrong input width.
+ggml_tensor* linear_rows(nn::Ctx& c, const nn::Linear& l, ggml_tensor* x, int64_t begin, int64_t n);
+
+/// Sequences of equal width D joined along the features: parts {D, L, N} each -> {k D, L, N},
+/// per token [part 0 | part 1 | ...] (torch.cat(dim=-1)), built as a concat of D-wide rows
+/// along a new axis: ggml's meta device can split that when every part is split the same way
+/// along D (--split-mode row, flux_row_split.h), which it cannot for a concat along the split
+/// axis. Throws Error(InvalidInput) when the parts' shapes differ or the list is empty.
+ggml_tensor* join_rows(nn::Ctx& c, const std::vector<ggml_tensor*>& parts);
+
 /// LayerNorm without affine parameters, eps 1e-6 (the FLUX blocks' norms).
 ggml_tensor* layer_norm(nn::Ctx& c, ggml_tensor* x);
 

@@ -232,12 +232,21 @@ ggml_tensor* FluxSingleBlock::forward(nn::Ctx& c, ggml_tensor* x, ggml_tensor* t
     const int64_t D = hidden;
     ggml_tensor* m = norm->forward(c, ggml_silu(ctx, temb));  // {3D, N}: shift, scale, gate
     ggml_tensor* nx = modulate(c, layer_norm(c, x), mod_chunk(c, m, 0, D), mod_chunk(c, m, 1, D));
-    ggml_tensor* mlp = gelu_tanh(c, proj_mlp->forward(c, nx));
     ggml_tensor* q = apply_rope(c, norm_q->forward(c, split_heads(c, to_q->forward(c, nx), head_dim, heads)), cos, sin);
     ggml_tensor* k = apply_rope(c, norm_k->forward(c, split_heads(c, to_k->forward(c, nx), head_dim, heads)), cos, sin);
     ggml_tensor* v = to_v->forward(c, nx);
     ggml_tensor* o = nn::attention(c, merge_heads(c, q), merge_heads(c, k), v, heads, heads);
-    ggml_tensor* h = proj_out->forward(c, ggml_concat(ctx, o, mlp, 0));
+    ggml_tensor* h = nullptr;
+    if (mlp_hidden % D == 0) {
+        // the MLP in D-wide chunks (rows of proj_mlp), joined to the attention output as
+        // [o | chunk 0 | chunk 1 | ...] = [o | mlp]: the same values as one proj_mlp, in a form
+        // ggml's meta device splits (--split-mode row, flux_row_split.h)
+        std::vector<ggml_tensor*> parts{o};
+        for (int64_t j = 0; j < mlp_hidden / D; ++j) parts.push_back(gelu_tanh(c, linear_rows(c, *proj_mlp, nx, j * D, D)));
+        h = proj_out->forward(c, join_rows(c, parts));
+    } else {
+        h = proj_out->forward(c, ggml_concat(ctx, o, gelu_tanh(c, proj_mlp->forward(c, nx)), 0));
+    }
     return ggml_add(ctx, x, ggml_mul(ctx, h, mod_chunk(c, m, 2, D)));
 }
 
