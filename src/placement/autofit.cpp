@@ -112,8 +112,11 @@ public:
             if (!d) continue;
             const double share = (double)s.param_bytes / (double)all;
             per_eval += fl * share / flops(*d);
-            if (s.per_eval) per_eval += (double)s.param_bytes / bandwidth(*d);
-            else if (s.residency == Residency::Host) load += (double)s.param_bytes / bandwidth(*d);
+            if (s.per_eval) {
+                per_eval += (double)s.param_bytes / bandwidth(*d);
+                // Disk segments are read from the model file before every upload
+                if (s.residency == Residency::Disk) per_eval += (double)s.param_bytes / req_.disk_bytes_per_s;
+            } else if (s.residency == Residency::Host) load += (double)s.param_bytes / bandwidth(*d);
             else load += (double)s.param_bytes / req_.disk_bytes_per_s;
             if (i + 1 < p.segments.size() && p.segments[i + 1].device != s.device) {
                 const FitDevice* n = device(p.segments[i + 1].device);
@@ -158,6 +161,7 @@ public:
                                       int vae_tile, Shortfall& sf, const std::string& what) const {
         std::map<std::string, uint64_t> budgets = budgets_;
         std::map<std::string, uint64_t> caps;
+        bool ram_lowered = false;  // a budget was lowered so that disk segments fit the host RAM
         for (int attempt = 0; attempt < 24; ++attempt) {
             ModulePlan p;
             try {
@@ -165,7 +169,8 @@ public:
             } catch (const Error& e) {
                 if (e.kind() != ErrorKind::OutOfMemory) throw;
                 log::debug("auto-fit: {}: does not fit ({})", what, e.what());
-                note_shortfall(m, place, stream, costs, sf, what);
+                // (after lowering a budget for the RAM, the RAM shortfall is already recorded)
+                if (!ram_lowered) note_shortfall(m, place, stream, costs, sf, what);
                 return std::nullopt;
             }
             const std::string viol = alloc_violation(p);
@@ -198,16 +203,36 @@ public:
             Candidate c;
             c.order = counter_++;
             c.tier = tier;
-            c.place = std::move(place);
+            c.place = place;  // (copies: a retry below plans `place` again)
             c.stream = stream;
             c.plan = std::move(p);
             c.vae_tile = vae_tile;
             c.seconds = seconds(m, c.plan, vae_tile);
             c.ram = ram_of(c.plan);
-            c.caps = std::move(caps);
+            c.caps = caps;
             c.note = what;
             if (ram_budget() > 0 && c.ram > ram_budget()) {
                 log::debug("auto-fit: {}: needs {:.1f} MiB of host RAM, {:.1f} MiB available", what, mib(c.ram), mib(ram_budget()));
+                // Disk segments read per evaluation pass through a host buffer of one segment:
+                // smaller segments need less RAM. They are cut to the device budget, so lower it
+                // (a --max-vram cap) by twice the excess (two slots), at least by 1/16, and retry.
+                const Segment* disk_seg = nullptr;
+                for (auto& g : c.plan.segments)
+                    if (g.per_eval && g.residency == Residency::Disk) disk_seg = &g;
+                const FitDevice* dd = disk_seg ? device(disk_seg->device) : nullptr;
+                if (dd && !dd->is_cpu() && c.plan.devices.size() == 1 && c.ram - c.plan.host_bytes < ram_budget()) {
+                    if (!ram_lowered) record(sf, ram_shortfall(c, what));
+                    const uint64_t cur = std::min(budgets.count(dd->name) ? budgets[dd->name] : dd->budget, c.plan.devices[0].total());
+                    const uint64_t cut = std::max(2 * (c.ram - ram_budget()), cur / 16);
+                    if (cut < cur) {
+                        uint64_t next = cur - cut;
+                        next = (uint64_t)(std::floor((double)(next + dd->headroom) / kGiB * 1e4) / 1e4 * kGiB) - dd->headroom;
+                        budgets[dd->name] = caps[dd->name] = next;
+                        ram_lowered = true;
+                        continue;
+                    }
+                    return std::nullopt;
+                }
                 Shortfall s;
                 s.bytes = c.ram - ram_budget();
                 s.need = c.ram;
@@ -224,6 +249,20 @@ public:
         }
         record(sf, Shortfall{1, 0, 0, 0, 0, "", what + ": no segmentation respects the max allocation", false});
         return std::nullopt;
+    }
+
+    /// The host-RAM shortfall of candidate c.
+    Shortfall ram_shortfall(const Candidate& c, const std::string& what) const {
+        Shortfall s;
+        s.bytes = c.ram - ram_budget();
+        s.need = c.ram;
+        s.have = ram_budget();
+        s.params = c.plan.host_bytes;
+        s.compute = c.ram - c.plan.host_bytes;
+        s.where = "host RAM";
+        s.what = what;
+        s.ram = true;
+        return s;
     }
 
     static void record(Shortfall& best, const Shortfall& s) {
@@ -244,7 +283,8 @@ public:
         }
         const std::string& dev = place.devices[0];
         uint64_t need_params = params, need_comp = c.measure(0, n, true, true, dev);
-        const bool host = !place.params.empty() && place.params != kDisk;
+        // weights in RAM or on disk: cut into per-evaluation segments down to single blocks
+        const bool host = !place.params.empty();
         if (n > 0) {
             uint64_t one = 0, state = 0, slot = 0;
             for (int i = 0; i < n; ++i) {
@@ -300,7 +340,14 @@ std::string describe_candidate(const Candidate& c) {
             break;
         }
         case Tier::LayerSplit: s = fmt::format("layer split over {}", where); break;
-        case Tier::Disk: s = fmt::format("on {}, weights read from disk per phase", where); break;
+        case Tier::Disk: {
+            int per = 0;
+            for (auto& g : c.plan.segments) per += g.per_eval;
+            s = per ? fmt::format("on {}, weights read from disk per evaluation in {} segment(s) through a {} MiB host buffer", where, per,
+                                  mibs(c.plan.host_bytes))
+                    : fmt::format("on {}, weights read from disk per phase", where);
+            break;
+        }
         case Tier::Cpu: s = "on the CPU, weights in host RAM"; break;
     }
     if (c.vae_tile > 0) s += fmt::format(", tiled decode ({}x{} latent cells)", c.vae_tile, c.vae_tile);
@@ -472,6 +519,8 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                     if (!params_ok(kDisk)) break;
                     for (auto& d : singles) {
                         ModulePlacement pl{{d}, kDisk, SplitMode::Layer};
+                        // whole for the phase when it fits the device, else --max-vram segments read
+                        // from the file per evaluation (plan_module), one transient host buffer in RAM
                         if (auto c = P.evaluate(m, Tier::Disk, pl, false, m.costs, 0, shorts[k], fmt::format("{} on {} from disk", mn, d)))
                             got.push_back(std::move(*c));
                     }
@@ -574,7 +623,13 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                 break;
             case Tier::HostStreamed: why = "does not fit any single device whole; host RAM holds the weights"; break;
             case Tier::LayerSplit: why = "fits neither one device nor host RAM streaming; split by layers"; break;
-            case Tier::Disk: why = "weights read from the file per phase"; break;
+            case Tier::Disk: {
+                bool per = false;
+                for (auto& g : c.plan.segments) per |= g.per_eval;
+                why = per ? "fits no device whole and host RAM cannot hold the weights; each segment is read from the file when it runs"
+                          : "weights read from the file per phase";
+                break;
+            }
             case Tier::Cpu: why = "no accelerator can hold it"; break;
         }
         uint64_t peak = 0;
@@ -620,9 +675,13 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     if (out.vae_tile > 0) line += fmt::format(" --vae-tiling --vae-tile-size {}x{}", out.vae_tile, out.vae_tile);
     out.flags_line = line;
     for (auto& [d, b] : fixed)
-        out.reasons.push_back(fmt::format("{}: budget capped at {:.0f} MiB for every module (a --max-vram cap applies to the whole job) "
-                                          "so that no slot or state buffer exceeds its {:.0f} MiB max allocation",
-                                          d, mib(b), mib(P.device(d)->max_alloc)));
+        out.reasons.push_back(P.device(d)->max_alloc > 0
+                                  ? fmt::format("{}: budget capped at {:.0f} MiB for every module (a --max-vram cap applies to the whole job) "
+                                                "so that no slot or state buffer exceeds its {:.0f} MiB max allocation",
+                                                d, mib(b), mib(P.device(d)->max_alloc))
+                                  : fmt::format("{}: budget capped at {} MiB for every module (a --max-vram cap applies to the whole job) "
+                                                "so that each weight segment read from disk fits the host RAM it passes through",
+                                                d, mibs(b)));
     return out;
 }
 

@@ -17,7 +17,10 @@
 //   3 host-streamed weights in host RAM, uploaded to the accelerator per evaluation (diffusion:
 //                   --stream-layers, leading blocks resident; others: --max-vram segments);
 //   4 layer split   contiguous block ranges over several accelerators, balanced by budget;
-//   5 disk          weights read from the model file onto the accelerator per phase;
+//   5 disk          weights read from the model file onto the accelerator per phase, or, when the
+//                   module does not fit the accelerator whole, --max-vram segments read from the
+//                   file per evaluation through one transient host buffer of a segment's size
+//                   (the only tier for a module larger than both the card and the host RAM);
 //   6 CPU           the module runs on the CPU, weights in host RAM.
 // The job's tier is the worst of its modules' tiers (stages are independent because the
 // pipeline time-shares them; only tier 1 looks at all modules together).
@@ -25,6 +28,7 @@
 // Cost model (predicted seconds of a candidate, per module):
 //   load:     resident bytes / disk bandwidth (Device, Disk) or / host-to-device bandwidth (Host staged)
 //   per eval: bytes uploaded per evaluation (streamed segments) / host-to-device bandwidth
+//           (+ / disk bandwidth for Disk segments read per evaluation)
 //           + state bytes crossing devices x (1/bw(from) + 1/bw(to))
 //           + flops_per_eval x (share of the module's parameters on the device) / device FLOP/s
 //   total = load + evals x per eval.

@@ -78,7 +78,8 @@ std::string suggestion(PModule m, Residency r, bool split) {
     if (r == Residency::Device)
         return fmt::format("try --params-backend {}=cpu{}{}", n, m == PModule::Diffusion ? " --stream-layers" : "",
                            split ? ", a larger --max-vram" : fmt::format(", or --backend \"{}=DEV1&DEV2\" (layer split)", n));
-    if (r == Residency::Disk) return fmt::format("try --params-backend {}=cpu (segments staged from RAM) or a larger --max-vram", n);
+    if (r == Residency::Disk)
+        return fmt::format("try a larger --max-vram or a smaller image (weights read from disk are already cut into segments of one block)");
     return fmt::format("try a larger --max-vram, a smaller image, or --backend {}=cpu", n);
 }
 
@@ -155,6 +156,11 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         p.host_bytes = 0;
         if (r == Residency::Host)
             for (auto& s : p.segments) p.host_bytes += s.param_bytes;
+        // Disk segments uploaded per evaluation pass through one transient host buffer at a time
+        // (runtime/sequence_runner.cpp: read, uploaded, freed before the next one is read)
+        if (r == Residency::Disk)
+            for (auto& s : p.segments)
+                if (s.per_eval) p.host_bytes = std::max(p.host_bytes, s.param_bytes + kAlignSlack);
         return p;
     };
 
@@ -168,7 +174,8 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         std::vector<Segment> whole{make_seg(c, dev, b0, e0, n, r, false)};
         const DeviceUse whole_use = use_of(whole, dev, budget);
         if (fits(whole_use) && !(stream && r == Residency::Host)) return whole;
-        if (!fits(whole_use) && r == Residency::Disk) does_not_fit(module, whole_use, r, split);
+        // (Disk that does not fit whole is cut into --max-vram segments like Host: each read from
+        // the file into a transient host buffer and uploaded per evaluation)
         if (e0 == b0) return whole;
 
         // single-block compute buffers (the estimate for cutting; every segment is measured after)
@@ -275,10 +282,12 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
                              ranges, mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), mib(u.total()),
                              u.budget ? fmt::format("{:.1f}", mib(u.budget)) : std::string("-"), mib(p.host_bytes));
         }
-        std::string res = p.params_location.empty() ? "on the runtime device" : p.params_location == kDisk ? "read from disk per phase"
-                                                                                                          : "held in " + p.params_location;
         int streamed = 0;
         for (auto& g : p.segments) streamed += g.per_eval;
+        std::string res = p.params_location.empty() ? "on the runtime device"
+                          : p.params_location != kDisk ? "held in " + p.params_location
+                          : streamed ? fmt::format("read from disk per evaluation through a {:.1f} MiB host buffer (host column)", mib(p.host_bytes))
+                                     : std::string("read from disk per phase");
         s += fmt::format("  {}: {} segment(s), parameters {}{}\n", p.label, p.segments.size(), res,
                          streamed ? fmt::format(", {} uploaded per evaluation", streamed) : "");
     }

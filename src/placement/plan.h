@@ -24,7 +24,9 @@ enum class Residency {
     Device,  ///< loaded onto the segment's device when the module loads; stay there
     Host,    ///< kept in host RAM (or another device's memory: --params-backend); copied to the
              ///< runtime device for the phase, or for every evaluation when `per_eval`
-    Disk,    ///< read from the model file onto the device at the start of a phase, freed after
+    Disk,    ///< read from the model file onto the device at the start of a phase, freed after;
+             ///< `per_eval` (a module that does not fit the device whole): read into a transient
+             ///< host buffer and uploaded into a slot before every evaluation, the buffer freed
 };
 /// "device", "host", "disk".
 const char* residency_name(Residency r);
@@ -71,7 +73,10 @@ struct ModulePlan {
     std::string params_location;   ///< spec value: "" (runtime devices), device name, or "disk"
     std::vector<Segment> segments;
     std::vector<DeviceUse> devices;  ///< runtime devices, in the spec's order
-    uint64_t host_bytes = 0;       ///< parameters held in host RAM / params device (Host residency)
+    /// Host RAM the plan holds: the parameters kept in host RAM / the params device (Host
+    /// residency), or for Disk segments uploaded per evaluation the one transient host buffer
+    /// they pass through (the largest segment's parameters + alignment slack).
+    uint64_t host_bytes = 0;
 };
 
 struct RowSplitRules;  // placement/row_split.h
@@ -108,7 +113,8 @@ std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const
 /// Plans one module. `place` is the module's resolved placement, `stream` true to stream its
 /// blocks (--stream-layers, diffusion with Host params). Layer split: ranges balanced by
 /// parameter bytes in proportion to the device budgets (free memory where uncapped); a single
-/// device with Host params that does not fit gets segments that each fit (per-eval uploads).
+/// device with Host or Disk params that does not fit gets segments that each fit (per-eval
+/// uploads; Disk: each read from the file per evaluation).
 /// Throws Error(OutOfMemory) "MODULE needs X MiB on DEV but the budget leaves Y MiB; try ..."
 /// when a device's predicted peak exceeds its budget; Error(InvalidInput) for more devices
 /// than blocks.

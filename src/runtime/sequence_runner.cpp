@@ -203,6 +203,7 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
     bool row_plan = false;
     for (auto& g : plan.segments) row_plan |= placement::is_row_split_device(g.device);
     std::string rest_resident_on;
+    bool binding_checked = false;
     for (size_t j = 0; j < plan.segments.size(); ++j) {
         Seg& s = segs_[j];
         s.plan = plan.segments[j];
@@ -248,6 +249,10 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
             if (!hb) hb = ggml_backend_dev_buffer_type(pdev);
             s.own = nn::ParamBuffer::load_subset(root_, src_, hb, opt_, filter);
             record();
+            if (s.own.buffer() && ggml_backend_buffer_is_host(s.own.buffer())) {
+                host_now_ += s.own.size();
+                host_peak_ = std::max(host_peak_, host_now_);
+            }
             // device twins: same types and shapes, allocated in a slot (per-eval) or per phase
             s.twins = new_ctx(s.bind.size());
             for (auto& [p, t] : s.bind) {
@@ -256,13 +261,37 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
                 ggml_set_name(tw, t->name);
                 s.copies.emplace_back(tw, t);
             }
-            if (s.plan.per_eval) {
-                const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
-                const size_t align = ggml_backend_buft_get_alignment(buft);
-                size_t off = 0;
-                for (auto& [tw, t] : s.copies) off = aligned(off, align) + ggml_backend_buft_get_alloc_size(buft, tw);
-                slot_bytes[d.name] = std::max<uint64_t>(slot_bytes[d.name], aligned(off, align));
+        } else if (s.plan.residency == placement::Residency::Disk && s.plan.per_eval) {
+            // nothing is read now: the file is checked as load() would, and device twins of the
+            // types and shapes load_subset() will give (as install_fake) are placed in a slot;
+            // read_from_disk() fills a host copy before each evaluation
+            if (!binding_checked) {
+                const std::string why = nn::check_binding(root_, src_, opt_);
+                if (!why.empty()) fail(ErrorKind::ModelMismatch, "{}", why);
+                binding_checked = true;
             }
+            s.twins = new_ctx(s.params.size());
+            for (auto* p : s.params) {
+                const std::string& name = names_.at(p);
+                const io::TensorInfo* t = src_.find(name);
+                if (!t) {  // an optional parameter the file lacks
+                    s.bind.emplace_back(p, nullptr);
+                    continue;
+                }
+                int64_t ne[4] = {1, 1, 1, 1};
+                for (size_t i = 0; i < p->shape.size() && i < 4; ++i) ne[i] = p->shape[p->shape.size() - 1 - i];
+                ggml_tensor* tw = ggml_new_tensor(s.twins, nn::choose_param_type(p->role, *t, opt_), 4, ne);
+                ggml_set_name(tw, name.c_str());
+                s.bind.emplace_back(p, tw);
+                s.copies.emplace_back(tw, nullptr);
+            }
+        }
+        if (s.plan.per_eval && s.twins) {
+            const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
+            const size_t align = ggml_backend_buft_get_alignment(buft);
+            size_t off = 0;
+            for (auto& [tw, t] : s.copies) off = aligned(off, align) + ggml_backend_buft_get_alloc_size(buft, tw);
+            slot_bytes[d.name] = std::max<uint64_t>(slot_bytes[d.name], aligned(off, align));
         }
     }
     // slots, then twins placed in them (per-eval segments of a device alternate between two)
@@ -338,7 +367,7 @@ void SegmentExecutor::begin_phase() {
     if (in_phase_) return;
     for (auto& s : segs_) {
         Device& d = device(s.plan.device);
-        if (s.plan.residency == placement::Residency::Disk) {
+        if (s.plan.residency == placement::Residency::Disk && !s.plan.per_eval) {
             std::unordered_set<std::string> keep;
             for (auto* p : s.params) keep.insert(names_.at(p));
             s.own = nn::ParamBuffer::load_subset(root_, src_, ggml_backend_dev_buffer_type(d.dev), opt_,
@@ -363,7 +392,9 @@ void SegmentExecutor::end_phase() {
     if (!in_phase_) return;
     for (auto& s : segs_) {
         Device& d = device(s.plan.device);
-        if (s.plan.residency == placement::Residency::Disk) {
+        if (s.plan.residency == placement::Residency::Disk && s.plan.per_eval) {
+            drop_transient(s);  // (only left over when an evaluation failed)
+        } else if (s.plan.residency == placement::Residency::Disk) {
             d.staged -= std::min<uint64_t>(d.staged, s.own.size());
             s.own = nn::ParamBuffer();
             for (auto& [p, t] : s.bind) t = nullptr;
@@ -401,16 +432,51 @@ void SegmentExecutor::upload(Seg& s, ggml_backend_t via) {
     }
 }
 
+void SegmentExecutor::read_from_disk(Seg& s) {
+    std::unordered_set<std::string> keep;
+    for (auto* p : s.params) keep.insert(names_.at(p));
+    drop_transient(s);
+    s.transient = nn::ParamBuffer::load_subset(root_, src_, ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)),
+                                               opt_, [&](const std::string& n, const nn::Param&) { return keep.count(n) > 0; });
+    host_now_ += s.transient.size();
+    host_peak_ = std::max(host_peak_, host_now_);
+    ++disk_reads_;
+    // load_subset bound each parameter to its host tensor: those are the upload sources
+    size_t k = 0;
+    for (auto& [p, tw] : s.bind) {
+        if (!tw) continue;
+        const ggml_tensor* h = p->tensor;
+        if (!h || h->type != tw->type || ggml_nbytes(h) != ggml_nbytes(tw))
+            fail(ErrorKind::Internal, "{}: the parameter read from the file ({}) differs from its slot twin ({}, {} bytes)", tw->name,
+                 h ? ggml_type_name(h->type) : "absent", ggml_type_name(tw->type), ggml_nbytes(tw));
+        s.copies.at(k++).second = p->tensor;
+    }
+}
+
+void SegmentExecutor::drop_transient(Seg& s) {
+    if (!s.transient.buffer()) return;
+    host_now_ -= std::min<uint64_t>(host_now_, s.transient.size());
+    s.transient = nn::ParamBuffer();
+    for (auto& c : s.copies) c.second = nullptr;
+}
+
 void SegmentExecutor::prepare(size_t j) {
     Seg& s = segs_[j];
     if (!s.plan.per_eval) return;
     Device& d = device(s.plan.device);
+    const bool disk = s.plan.residency == placement::Residency::Disk;
     if (s.prefetched) {
         ggml_backend_event_wait(d.backend, d.events[s.slot]);
         s.prefetched = false;
+        if (disk) {  // the host copy may go once its upload has completed
+            ggml_backend_event_synchronize(d.events[s.slot]);
+            drop_transient(s);
+        }
         return;
     }
+    if (disk) read_from_disk(s);
     upload(s, nullptr);
+    if (disk) drop_transient(s);
 }
 
 void SegmentExecutor::prefetch_after(size_t j) {
@@ -421,6 +487,8 @@ void SegmentExecutor::prefetch_after(size_t j) {
         if (n.plan.device != d.name) return;
         if (!n.plan.per_eval) continue;
         if (segs_[j].plan.per_eval && n.slot == segs_[j].slot) return;  // slot still in use
+        // (a Disk segment is read from the file here, while segment j computes)
+        if (n.plan.residency == placement::Residency::Disk) read_from_disk(n);
         upload(n, d.upload);
         ggml_backend_event_record(d.events[n.slot], d.upload);
         n.prefetched = true;

@@ -11,7 +11,12 @@
 //              for per-eval segments (streaming, --max-vram segments), uploaded into one of the
 //              device's two slot buffers before each evaluation; where the device has events
 //              the next segment is uploaded on a second backend (stream) while this one computes,
-//   * Disk:    read from the file onto the device when a phase begins, freed when it ends.
+//   * Disk:    read from the file onto the device when a phase begins, freed when it ends;
+//              per-eval Disk segments (a module that fits the device only in pieces) have
+//              device twins in the slots like Host ones and are read from the file into a
+//              transient host buffer before each evaluation, uploaded, and the buffer freed
+//              (one such buffer at a time; the read of the next one overlaps the compute where
+//              the device has events).
 // A phase is begin_phase() .. end_phase() (e.g. the whole denoising loop); run() outside a
 // phase is a phase of its own.
 //
@@ -77,6 +82,13 @@ public:
     /// Segments whose next upload overlapped the previous compute (backends with events).
     int prefetched_uploads() const { return prefetched_; }
 
+    /// Largest host RAM held for parameters at one time since load(): the buffers of Host
+    /// segments in host memory plus the transient buffer of a per-eval Disk segment being read
+    /// (bytes; the measured figure beside placement::ModulePlan::host_bytes).
+    uint64_t host_peak() const { return host_peak_; }
+    /// Per-eval Disk segments read from the file so far (one per segment and evaluation).
+    int disk_reads() const { return disk_reads_; }
+
     /// --split-mode row: the module's tensor-parallel rules (placement/row_split.h). With rules,
     /// costs() offers the planner a row split, and load() runs a plan segment whose device is
     /// "A&B..." on ggml's meta device over A, B... Set before costs() / load().
@@ -106,6 +118,7 @@ protected:
         ggml_context* twins = nullptr;                        // device twins of a Host segment
         std::vector<std::pair<ggml_tensor*, ggml_tensor*>> copies;  // (twin, host source)
         ggml_backend_buffer_t staged = nullptr;               // Host non-per-eval: its device copy for the phase
+        nn::ParamBuffer transient;                            // per-eval Disk: the host buffer read from the file, until uploaded
         int slot = -1;                                        // per-eval: slot index
         bool prefetched = false;
     };
@@ -119,6 +132,11 @@ protected:
     /// has events); call after launching segment j's compute.
     void prefetch_after(size_t j);
     void upload(Seg& s, ggml_backend_t via);
+    /// Per-eval Disk segment: reads its parameters from the file into s.transient (host RAM)
+    /// and points s.copies at them. Throws as nn::ParamBuffer::load_subset.
+    void read_from_disk(Seg& s);
+    /// Frees s.transient (after its upload completed).
+    void drop_transient(Seg& s);
     void note(Device& d);
     /// Installs made-up parameter tensors (types as load() would choose, data pointer set, no
     /// buffer) so graphs can be built and measured before anything is loaded; restore after.
@@ -155,6 +173,8 @@ protected:
     std::map<std::string, uint64_t> peaks_;
     bool loaded_ = false, in_phase_ = false;
     int prefetched_ = 0;
+    uint64_t host_now_ = 0, host_peak_ = 0;
+    int disk_reads_ = 0;
     ggml_context* fake_ctx_ = nullptr;
     std::vector<std::pair<nn::Param*, ggml_tensor*>> saved_;
     std::shared_ptr<const placement::RowSplitRules> row_rules_;

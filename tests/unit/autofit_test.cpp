@@ -274,15 +274,108 @@ TEST(AutoFit, RamSmallerThanTheModel) {
     expect_round_trip(d, req.devices);
 }
 
-// Nothing fits: 8 GiB card, 6 GiB RAM, DiT 9.06 GiB in f16 (4.86 G weights). Whole on the card
-// it needs 9280 + 200 = 9480 MiB of 8192 (short 1288 MiB); streaming needs 9280 MiB of RAM
-// (short 9344 - 6144 = 3200: the non-block parameters count twice); the CPU likewise. The smallest shortfall is the card's 1288 MiB, and q8_0
-// (34/32 bytes per weight instead of 2) saves 47 % of the weights: that is the suggestion.
-TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
+// RAM smaller than the model AND a card smaller than the model: 8 GiB card, 6 GiB RAM, DiT
+// 9.06 GiB (36 x 256 MiB + 64 MiB), te 2 GiB, VAE 0.16 GiB + 300 MiB.
+//  * te and VAE fit the card during their stages (tier 2);
+//  * the DiT fits the card whole in no tier up to 4: whole 9280 + 200 = 9480 MiB > 8192;
+//    streaming from RAM holds 9344 MiB in RAM (> 6144); one accelerator, so no layer split;
+//  * tier 5, disk: --max-vram segments read from the file per evaluation. The planner cuts
+//    greedy ranges whose parameters fit (8192 - 200 compute - 2 x 16 MiB states - 16 KiB slot
+//    slack) / 2 = 3980 MiB - 8 KiB: blocks 0-14 + the 64 MiB of non-block parameters the first
+//    segment runs (3904 MiB; 16 blocks would be 4160), 15-29 (3840), 30-35 + the 64 MiB of the
+//    epilogue (1600). On the card: two slots of the largest (2 x (3904 MiB + 8 KiB)) + 200 +
+//    2 x (16 MiB + 8 KiB) = 8040 MiB + 32 KiB <= 8192. Host RAM: one transient buffer of the
+//    largest segment, 3904 MiB + 8 KiB <= 6144 (the CPU tier would need all 9280 MiB in RAM).
+//  * cost: every evaluation reads 9344 MiB from the file (disk_bytes_per_s) and uploads it
+//    (default GPU bandwidth 1.2e10 B/s), plus the compute share (flops 0 -> parameter bytes as
+//    FLOPs at the default 2e13 FLOP/s); 40 evaluations; no load (nothing resident).
+TEST(AutoFit, RamAndCardSmallerThanTheModelReadsSegmentsFromDisk) {
     FitRequest req;
     req.devices = {cpu(6 * GiB), gpu("CUDA0", 8 * GiB)};
     req.modules = job(8, 36, 256 * MiB, 300 * MiB);
-    req.modules[1].param_count = (36 * 256 * MiB + 64 * MiB) / 2;
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(r.tier, Tier::Disk);
+    EXPECT_EQ(choice(r, PModule::Te).tier, Tier::TimeShared);
+    EXPECT_EQ(choice(r, PModule::Vae).tier, Tier::TimeShared);
+    const FitChoice& d = choice(r, PModule::Diffusion);
+    EXPECT_EQ(d.tier, Tier::Disk);
+    ASSERT_EQ(d.plan.segments.size(), 3u);
+    const int ends[] = {15, 30, 36};
+    const uint64_t seg_params[] = {3904 * MiB, 3840 * MiB, 1600 * MiB};
+    for (size_t i = 0; i < 3; ++i) {
+        const Segment& s = d.plan.segments[i];
+        EXPECT_EQ(s.device, "CUDA0");
+        EXPECT_EQ(s.residency, Residency::Disk);
+        EXPECT_TRUE(s.per_eval);
+        EXPECT_EQ(s.end, ends[i]);
+        EXPECT_EQ(s.param_bytes, seg_params[i]);
+    }
+    EXPECT_EQ(d.plan.devices[0].params, 0u);
+    EXPECT_EQ(d.plan.devices[0].slots, 2 * (3904 * MiB + 8 * 1024));
+    EXPECT_EQ(d.plan.devices[0].total(), 8040 * MiB + 32 * 1024);
+    EXPECT_EQ(d.plan.host_bytes, 3904 * MiB + 8 * 1024);
+    EXPECT_EQ(r.predicted_peak.at("CPU"), 3904 * MiB + 8 * 1024);  // the RAM the job holds at most
+    const double per_eval_bytes = 9344.0 * MiB, all = 9280.0 * MiB;
+    const double want = 40 * (per_eval_bytes / 1.0e9 + per_eval_bytes / 1.2e10 + all * (per_eval_bytes / all) / 2.0e13);
+    EXPECT_NEAR(d.seconds, want, want * 1e-9);
+    EXPECT_EQ(r.flags.backend, "te=CUDA0,diffusion=CUDA0,vae=CUDA0");
+    EXPECT_EQ(r.flags.params_backend, "diffusion=disk");
+    EXPECT_TRUE(r.flags.max_vram.empty());
+    expect_round_trip(r, req.devices);
+    // the runtime planner given the same flags and budget cuts the same segments
+    std::vector<DeviceName> names{{"CPU", "cpu", false}, {"CUDA0", "gpu", false}};
+    PlacementSpec spec = parse_placement(r.flags, names);
+    ModulePlan again = plan_module(PModule::Diffusion, spec[PModule::Diffusion], false, req.modules[1].costs, {{"CUDA0", 8 * GiB}});
+    ASSERT_EQ(again.segments.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again.segments[i].end, ends[i]);
+    EXPECT_NE(format_fit(r).find("read from disk per evaluation"), std::string::npos) << format_fit(r);
+}
+
+// The same with 3 GiB of RAM: a 3904 MiB segment would not fit the RAM it passes through, so
+// auto-fit lowers the card's budget (a --max-vram cap) by twice the excess: 8040 MiB + 32 KiB -
+// 2 x (832 MiB + 8 KiB) = 6376 MiB + 16 KiB, written as 6.2265 GiB (4 decimals, rounded down).
+// Under it segments may hold (6375.94 - 232) / 2 = 3071.97 MiB: 0-10 + 64 (2880 MiB), 11-21,
+// 22-32 (2816 each), 33-35 + 64 (832). RAM: 2880 MiB + 8 KiB <= 3072. The whole job is planned
+// under the cap (te and VAE still fit it).
+TEST(AutoFit, DiskSegmentsShrinkToTheHostRam) {
+    FitRequest req;
+    req.devices = {cpu(3 * GiB), gpu("CUDA0", 8 * GiB)};
+    req.modules = job(8, 36, 256 * MiB, 300 * MiB);
+    FitResult r = auto_fit(req);
+    const FitChoice& d = choice(r, PModule::Diffusion);
+    EXPECT_EQ(d.tier, Tier::Disk);
+    const int ends[] = {11, 22, 33, 36};
+    ASSERT_EQ(d.plan.segments.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_TRUE(d.plan.segments[i].per_eval);
+        EXPECT_EQ(d.plan.segments[i].end, ends[i]);
+    }
+    EXPECT_EQ(d.plan.host_bytes, 2880 * MiB + 8 * 1024);
+    EXPECT_LE(d.plan.host_bytes, 3 * GiB);
+    EXPECT_EQ(r.flags.max_vram, "CUDA0=6.2265");
+    EXPECT_EQ(r.flags.params_backend, "diffusion=disk");
+    const uint64_t cap = (uint64_t)(6.2265 * (double)GiB);
+    for (auto& c : r.choices) EXPECT_LE(c.plan.devices[0].total(), cap) << pmodule_name(c.module);
+    // the flags reproduce the plan through the runtime planner
+    std::vector<DeviceName> names{{"CPU", "cpu", false}, {"CUDA0", "gpu", false}};
+    PlacementSpec spec = parse_placement(r.flags, names);
+    ModulePlan again = plan_module(PModule::Diffusion, spec[PModule::Diffusion], false, req.modules[1].costs, resolve_budgets(spec, {{"CUDA0", "", "gpu", 8 * GiB, 8 * GiB}}));
+    ASSERT_EQ(again.segments.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(again.segments[i].end, ends[i]);
+}
+
+// Nothing fits: 8 GiB card, 6 GiB RAM, DiT 9.06 GiB in f16 (4.86 G weights) made of two blocks of
+// 4.5 GiB. Whole on the card it needs 9280 + 200 = 9480 MiB of 8192 (short 1288 MiB). Cutting it
+// cannot help: a segment uploaded per evaluation (from RAM or, as above, from disk) needs two
+// slots of at least one block with its non-block parameters (2 x 4672 MiB) beside the compute:
+// 9576 MiB (short 1384). The CPU needs 9480 MiB of 6144 RAM. The smallest shortfall is the
+// card's 1288 MiB, and q8_0 (34/32 bytes per weight instead of 2) saves 47 % of the weights:
+// that is the suggestion.
+TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
+    FitRequest req;
+    req.devices = {cpu(6 * GiB), gpu("CUDA0", 8 * GiB)};
+    req.modules = job(8, 2, 4608 * MiB, 300 * MiB);
+    req.modules[1].param_count = (2 * 4608 * MiB + 64 * MiB) / 2;
     try {
         auto_fit(req);
         FAIL() << "expected OutOfMemory";
@@ -293,9 +386,10 @@ TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
         EXPECT_NE(m.find("needs 9480 MiB of CUDA0 but 8192 MiB are available (short 1288 MiB)"), std::string::npos) << m;
         EXPECT_NE(m.find("--type q8_0"), std::string::npos) << m;
     }
-    // with a 1.2 GiB compute buffer at 1024x1024 the smallest change is the resolution
+    // with a 1.5 GiB compute buffer at 1024x1024 (two blocks of 3840 MiB: segments need
+    // 2 x 3904 + 1536 + 32 = 9376 MiB, short 1184)
     req.job.width = req.job.height = 1024;
-    req.modules = job(8, 30, 256 * MiB, 300 * MiB);
+    req.modules = job(8, 2, 3840 * MiB, 300 * MiB);
     req.modules[1].costs.measure = [](int, int, bool, bool, const std::string&) { return 1536 * MiB; };
     req.modules[1].param_count = 0;
     try {

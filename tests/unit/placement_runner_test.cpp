@@ -162,6 +162,7 @@ TEST(PlacementPlan, LayerSplitBalancesByBudgetAndReportsWhatDoesNotFit) {
     for (auto& s : p.segments) EXPECT_TRUE(s.per_eval);
     EXPECT_LE(p.devices[0].total(), 500ull << 20);
     EXPECT_EQ(p.host_bytes, 1000ull * (1 << 20) + 2 * (10 << 20));  // the prologue/epilogue params are held twice
+    const placement::ModulePlan from_ram = p;
     // streaming: leading blocks resident as the budget allows, the rest one block per upload
     p = placement::plan_module(PModule::Diffusion, place, true, c, {{"A", 600ull << 20}});
     ASSERT_GE(p.segments.size(), 2u);
@@ -172,9 +173,29 @@ TEST(PlacementPlan, LayerSplitBalancesByBudgetAndReportsWhatDoesNotFit) {
         EXPECT_EQ(p.segments[i].end - p.segments[i].begin, 1);
     }
     EXPECT_LE(p.devices[0].total(), 600ull << 20);
-    // disk that does not fit: stops with the fix
+    // disk that does not fit whole: the same --max-vram segments as from RAM, each read from the
+    // file per evaluation; host RAM holds one transient buffer of the largest segment (+ 8 KiB slack)
     place.params = "disk";
-    EXPECT_THROW(placement::plan_module(PModule::Diffusion, place, false, c, {{"A", 500ull << 20}}), Error);
+    p = placement::plan_module(PModule::Diffusion, place, false, c, {{"A", 500ull << 20}});
+    ASSERT_EQ(p.segments.size(), from_ram.segments.size());
+    uint64_t largest = 0;
+    for (size_t i = 0; i < p.segments.size(); ++i) {
+        EXPECT_EQ(p.segments[i].residency, Residency::Disk);
+        EXPECT_TRUE(p.segments[i].per_eval);
+        EXPECT_EQ(p.segments[i].end, from_ram.segments[i].end);
+        largest = std::max(largest, p.segments[i].param_bytes);
+    }
+    EXPECT_EQ(p.devices[0].total(), from_ram.devices[0].total());
+    EXPECT_EQ(p.host_bytes, largest + (8 << 10));
+    EXPECT_LT(p.host_bytes, from_ram.host_bytes);
+    // not even one block fits two slots beside its graph: stops with the fix
+    try {
+        placement::plan_module(PModule::Diffusion, place, false, c, {{"A", 200ull << 20}});
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+        EXPECT_NE(std::string(e.what()).find("a larger --max-vram"), std::string::npos) << e.what();
+    }
 }
 
 TEST(PlacementPlan, BudgetsFromMaxVramAndHeadroom) {
