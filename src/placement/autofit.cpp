@@ -310,6 +310,9 @@ public:
         s.compute = need_comp;
         s.where = place.devices.size() == 1 ? dev : join(place.devices);
         s.what = what;
+        // an estimate within the budget does not explain why the plan failed (its real segments
+        // need more): leave the message to a candidate whose shortfall is known
+        if (s.bytes == 0) return;
         record(sf, s);
     }
 
