@@ -229,16 +229,14 @@ RowSplitDevice::RowSplitDevice(std::vector<std::string> devices, std::shared_ptr
         fail(ErrorKind::Unsupported, "a row split over {} devices: ggml's meta device takes at most {}", names_.size(),
              GGML_BACKEND_META_MAX_DEVICES);
     for (auto& n : names_) devs_.push_back(find_device(n));
-    // ggml's CUDA all-reduces (NCCL above 32768 elements, and its internal one above
-    // GGML_CUDA_AR_BF16_THRESHOLD) send the partial sums as BF16 (ggml-cuda.cu
-    // ggml_backend_cuda_comm_allreduce_nccl, allreduce.cu): on two H200s the full-size Z-Image
-    // output then differed from one GPU by 0.014 (output std 0.6), and the tiny f32 model by
-    // 5.8e-4. Unless the user chose one, take ggml's generic all-reduce (copies between the
-    // devices and an F32 ADD), which differs from one device only by the order of the sums.
-    if (!std::getenv("GGML_CUDA_ALLREDUCE")) {
-        ::setenv("GGML_CUDA_ALLREDUCE", "none", 0);
-        log::debug("row split: GGML_CUDA_ALLREDUCE=none (F32 partial sums; set it to nccl for BF16 transfers)");
-    }
+    // The all-reduce is ggml's choice (GGML_CUDA_ALLREDUCE; NCCL on Linux). Measured on two H200s
+    // with the full-size Z-Image DiT (bf16, output std 0.6): NCCL (BF16 partial sums above 32768
+    // elements) 1.33x one GPU's step time, 0.0143 off its output; ggml's generic F32 all-reduce
+    // (GGML_CUDA_ALLREDUCE=none) 1.91x and 0.0113 off. The difference is mostly not the
+    // all-reduce: one GPU alone moves its output by 0.0108 when its matmuls compute in F32
+    // instead of BF16 (GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32), because ggml picks CUDA kernels of
+    // different internal precision by matrix shape and a row split changes the shapes
+    // (bench/results/README.md, 2026-11-30). So the faster default stays.
     meta_ = ggml_backend_meta_device(devs_.data(), devs_.size(), &RowSplitDevice::callback, this);
     if (!meta_) fail(ErrorKind::Unsupported, "cannot create ggml's meta device over {}", fmt::join(names_, ", "));
 }

