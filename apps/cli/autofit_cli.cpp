@@ -159,6 +159,11 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
             key.push_back(file_stamp(*path));
         caches.push_back(std::make_unique<MeasureCache>(cache_dir, key));
         m.costs.measure = caches.back()->wrap(c.measure);
+        if (c.measure_tile) {  // the VAE decoder: tiles measured (and cached) as the planner asks
+            m.measure_tile = caches.back()->wrap_tile(c.measure_tile);
+            m.latent_w = (int)(c.latent_w > 0 ? c.latent_w : w);
+            m.latent_h = (int)(c.latent_h > 0 ? c.latent_h : h);
+        }
         switch (c.module) {
             case PModule::Diffusion: m.evals = p.steps * cfg * p.batch_count; break;
             case PModule::Te: m.evals = cfg * p.batch_count; break;

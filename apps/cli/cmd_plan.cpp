@@ -65,6 +65,7 @@ EASEL_COMMAND(
             fo.prediction = p->prediction;
             fo.flow_shift = p->flow_shift;
             fo.placement = spec;
+            fo.vae_tile = pipeline::planned_vae_tile(*p);
             auto fam = models::open_family(files, fo);
             const int f = fam->latent_format().spatial_factor;
             const int W = std::max(f, p->width / f * f), H = std::max(f, p->height / f * f);
@@ -77,10 +78,16 @@ EASEL_COMMAND(
                 return 0;
             }
             fmt::print("{}", placement::format_plan(plans));
-            bool te_planned = false;
-            for (auto& pl : plans) te_planned = te_planned || pl.module == PModule::Te;
+            bool te_planned = false, vae_planned = false;
+            for (auto& pl : plans) {
+                te_planned = te_planned || pl.module == PModule::Te;
+                vae_planned = vae_planned || pl.module == PModule::Vae;
+            }
             if (!te_planned) fmt::print("te on {} (whole module, weights on the device)\n", (*spec)[PModule::Te].devices[0]);
-            fmt::print("vae on {} (whole module, weights on the device; its stage is not in the table)\n", (*spec)[PModule::Vae].devices[0]);
+            if (!vae_planned)
+                fmt::print("vae on {} (whole module, weights on the device; its stage is not in the table)\n", (*spec)[PModule::Vae].devices[0]);
+            else if (p->vae_tiling)
+                fmt::print("vae decode tiled: tiles of {} latent cells (--vae-tiling), the vae rows are one tile's graph\n", p->vae_tile_size);
             return 0;
         };
     },

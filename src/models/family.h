@@ -105,6 +105,9 @@ struct FamilyOptions {
     /// Placement flags resolved (docs/placement.md); null = every module whole on its device
     /// above. A family that supports it runs its diffusion model under a placement::Plan.
     std::shared_ptr<const placement::PlacementSpec> placement;
+    /// --vae-tiling: the tile side in latent cells the pipeline's decode will use (0 = whole), so
+    /// placement_costs / plan_placement cost the VAE decoder at the graph it will really run.
+    int vae_tile = 0;
 };
 
 /// A model family bound to the user's files. Modules load lazily (see load()).
@@ -189,7 +192,9 @@ public:
     /// bytes of each block and of the prologue/epilogue at the types loading would choose
     /// (--type applied), and `measure(b, e, prologue, epilogue, device)`, the compute buffer of
     /// the graph running blocks [b, e) on a ggml device (by name), sized with ggml's graph
-    /// allocator; `state_bytes(e)`, the state crossing block e. Text encoders are costed at the
+    /// allocator; `state_bytes(e)`, the state crossing block e. The VAE decoder (PModule::Vae) is
+    /// costed at one decode graph (one tile when FamilyOptions::vae_tile tiles the latent) and
+    /// fills ModuleCosts::measure_tile for --auto-fit's tiling. Text encoders are costed at the
     /// family's longest prompt (SD: one 77-token window; Z-Image: 512 tokens) and default clip
     /// skip. Independent of FamilyOptions::placement (the --auto-fit planner calls it before a
     /// spec exists). The callbacks own what they use and may outlive the call, not the family.

@@ -16,6 +16,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -126,6 +127,14 @@ void apply_family_defaults(Setup& s, const models::Family& fam) {
     if (!s.p.cfg_scale_given) s.p.cfg_scale = d.cfg_scale;
 }
 
+/// --vae-tile-size's X in latent cells (square tiles of X x X). Throws Error(InvalidInput).
+int vae_tile_cells(const GenerateParams& p) {
+    int tx = 32, ty = 32;
+    if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) < 1 || tx <= 0)
+        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y] in latent cells, e.g. 32x32", p.vae_tile_size);
+    return tx;
+}
+
 std::unique_ptr<models::Family> open_model(Setup& s) {
     const GenerateParams& p = s.p;
     models::ModelFiles files;
@@ -148,10 +157,8 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
         using placement::PModule;
         fo.te_device = placement::find_device((*spec)[PModule::Te].devices.at(0));
         fo.diffusion_device = placement::find_device((*spec)[PModule::Diffusion].devices.at(0));
+        // (the VAE decoder runs under its plan; the VAE encoder whole on the first vae device)
         fo.vae_device = placement::find_device((*spec)[PModule::Vae].devices.at(0));
-        if (!(*spec)[PModule::Vae].params.empty())
-            log::warn("placement: the VAE runs whole on its --backend device with its weights there (--params-backend vae=... is "
-                      "not applied in this build; the text encoder and the diffusion model run under their plans)");
         s.device = fo.diffusion_device;
         fo.placement = spec;
     }
@@ -162,6 +169,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;
     fo.guidance = p.guidance;
+    fo.vae_tile = planned_vae_tile(p);
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
     return fam;
@@ -170,10 +178,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
 vae::TilingOptions tiling_options(const GenerateParams& p, int f) {
     vae::TilingOptions tiling;
     tiling.enabled = p.vae_tiling;
-    int tx = 32, ty = 32;
-    if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) < 1 || tx <= 0)
-        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y] in latent cells, e.g. 32x32", p.vae_tile_size);
-    tiling.tile_size = tx * f;
+    tiling.tile_size = vae_tile_cells(p) * f;
     tiling.overlap = std::clamp(p.vae_tile_overlap, 0.0f, 0.9f);
     return tiling;
 }
@@ -382,6 +387,15 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
     return out;
 }
 
+/// After a decode: when the VAE decoder ran under a placement plan, the measured peak per device
+/// beside the prediction, over every placed module of the job (stages time-share a device).
+void log_peaks_after_decode(const models::Family& fam) {
+    auto plans = fam.placement_plans();
+    if (std::none_of(plans.begin(), plans.end(), [](const placement::ModulePlan& pl) { return pl.module == placement::PModule::Vae; })) return;
+    log::info("placement: peak bytes per device after the decode, measured beside the plan's prediction:\n{}",
+              placement::format_peaks(plans, fam.placement_peaks()));
+}
+
 }  // namespace
 
 std::string batch_output_path(const std::string& pattern, int index, int count) {
@@ -394,6 +408,8 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
     fs::path p(pattern);
     return (p.parent_path() / (p.stem().string() + "_" + std::to_string(index + 1) + p.extension().string())).string();
 }
+
+int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
 
 std::string find_demo_model() {
     if (const char* env = std::getenv("EASEL_DEMO_MODEL"); env && *env) return env;
@@ -583,6 +599,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
     rep.param_bytes += fam->param_bytes(Module::VaeDecoder);
     fam->unload(Module::VaeDecoder);
+    log_peaks_after_decode(*fam);
     rep.vae_s += since(tv);
     rep.host_peak_rss_bytes = peak_rss();
     return rep;
@@ -711,6 +728,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         Image out = decode_latent(*fam, z.latent, z.h, z.w, tiling_options(p, f));
         log_stage("decode", *fam, {Module::VaeDecoder}, meter);
         fam->unload(Module::VaeDecoder);
+        log_peaks_after_decode(*fam);
         std::vector<PngTextEntry> texts;
         if (!infotext.empty()) texts.push_back({"parameters", infotext});
         save_png(p.output, out, texts);

@@ -41,6 +41,11 @@ using ProgressFn = std::function<void(int image, int step, int steps, double sec
 /// current folder; empty if not found.
 std::string find_demo_model();
 
+/// The VAE tile side in latent cells a job's decode uses (--vae-tiling with --vae-tile-size X or
+/// XxY: X), 0 without --vae-tiling; what models::FamilyOptions::vae_tile plans for. Throws
+/// Error(InvalidInput) for a malformed --vae-tile-size.
+int planned_vae_tile(const GenerateParams& p);
+
 /// Runs a generation job. Without -m/--diffusion-model the bundled demo model is used. Throws easel::Error (one-line messages) for bad input: unknown
 /// sampler/scheduler/rng names, unreadable or wrong-kind model files, an unreadable init image,
 /// a mask whose size differs from the init image, etc. Width and height that are not

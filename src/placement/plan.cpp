@@ -75,6 +75,10 @@ DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint6
 
 std::string suggestion(PModule m, Residency r, bool split) {
     const char* n = pmodule_name(m);
+    // the VAE decoder's need is mostly its compute buffer, which only smaller graphs shrink
+    if (m == PModule::Vae)
+        return fmt::format("try --vae-tiling with a smaller --vae-tile-size (each tile is one decode), --params-backend vae=cpu, or "
+                           "--backend {}", split ? "vae=cpu" : "\"vae=DEV1&DEV2\" (layer split)");
     if (r == Residency::Device)
         return fmt::format("try --params-backend {}=cpu{}{}", n, m == PModule::Diffusion ? " --stream-layers" : "",
                            split ? ", a larger --max-vram" : fmt::format(", or --backend \"{}=DEV1&DEV2\" (layer split)", n));

@@ -102,6 +102,12 @@ struct ModuleCosts {
     /// and the block parameter bytes each of n devices holds under them.
     std::shared_ptr<const RowSplitRules> row_split;
     std::function<std::vector<uint64_t>(size_t n_devices)> row_split_bytes;
+    /// VAE decoder only, for --auto-fit's tiling (placement/autofit.h FitModule::measure_tile):
+    /// the compute buffer of decoding one tile of `tile` x `tile` latent cells (clipped to the
+    /// latent_h x latent_w latent) as one graph on `device`, measured like `measure`. Empty: the
+    /// module cannot be tiled.
+    std::function<uint64_t(int tile, const std::string& device)> measure_tile;
+    int64_t latent_h = 0, latent_w = 0;  ///< VAE: the job's latent in cells (what measure_tile clips to)
 };
 
 /// Budget in bytes per device name; a device absent = unlimited. From --max-vram (GiB; < 0:

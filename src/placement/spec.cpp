@@ -183,9 +183,12 @@ PlacementSpec parse_placement(const PlacementFlags& f, const std::vector<DeviceN
         if (ascii_lower(trim(v)) == kDisk)
             fail(ErrorKind::InvalidInput, "--backend: 'disk' is a parameter location, not a compute device; use --params-backend {}=disk",
                  pmodule_name(m));
-        if (names.size() > 1 && m != PModule::Diffusion && m != PModule::Te) {
+        // a default list splits diffusion and te; vae only when named (its decode is one graph
+        // per tile, a split seldom pays)
+        const bool multi = m == PModule::Diffusion || m == PModule::Te || (m == PModule::Vae && !from_default);
+        if (names.size() > 1 && !multi) {
             if (!from_default)
-                fail(ErrorKind::InvalidInput, "--backend: '{}={}': only diffusion and te can be split over several devices", pmodule_name(m), v);
+                fail(ErrorKind::InvalidInput, "--backend: '{}={}': only diffusion, te and vae can be split over several devices", pmodule_name(m), v);
             names.resize(1);
         }
         std::vector<std::string> out;

@@ -2,7 +2,8 @@
 # --auto-fit end to end with the tiny SD pipeline and two `easel rpc-server`s on 127.0.0.1 as
 # accelerators: a sweep over resolutions and --max-vram caps where no auto-fit run fails for
 # memory, every run's measured peak per RPC device within 10% of the prediction (and within its
-# cap), the image equal to the plain CPU run's, the printed flags line reproducing the plan when
+# cap), the image equal to the plain CPU run's (tiled as the plan tiles the VAE decode), the
+# printed flags line reproducing the plan when
 # passed back explicitly, and `easel plan --auto-fit` printing the plan without running.
 # Usage: autofit.sh EASEL_BINARY TEST_DATA_DIR
 set -u
@@ -83,7 +84,14 @@ for size in 64 128 256; do
       continue
     fi
     flags=$(grep -m1 "^  --backend" "$tmp/out.log")
-    if ! cmp -s "$tmp/plain.png" "$tmp/out.png"; then
+    # a VAE decode planned tiled is compared with the plain CPU run tiled the same way
+    ref="$tmp/plain.png"
+    tiling=$(grep -o -- "--vae-tiling --vae-tile-size [0-9]*x[0-9]*" <<<"$flags")
+    if [ -n "$tiling" ]; then
+      ref="$tmp/plain-tiled.png"
+      "$easel" generate "${job[@]}" --backend cpu $tiling -o "$ref" >/dev/null 2>&1 || { echo "FAIL plain run with $tiling"; fails=$((fails + 1)); continue; }
+    fi
+    if ! cmp -s "$ref" "$tmp/out.png"; then
       # the RPC servers run the CPU backend: the same ops, so the same bytes
       echo "FAIL $name: image differs from the plain CPU run ($flags)"
       fails=$((fails + 1))
@@ -107,7 +115,7 @@ if "$easel" plan "${job[@]}" $rpc --auto-fit --max-vram "RPC0=0.002,RPC1=0.002" 
   line=$(grep -m1 "^  --backend" "$tmp/plan.log")
   eval "args=($line)"
   if "$easel" plan "${job[@]}" $rpc "${args[@]}" >"$tmp/plan2.log" 2>&1 &&
-    diff <(sed -n '/^job:/,$p' "$tmp/plan.log" | grep -E "^(te|diffusion) ") <(sed -n '/^job:/,$p' "$tmp/plan2.log" | grep -E "^(te|diffusion) ") >/dev/null &&
+    diff <(sed -n '/^job:/,$p' "$tmp/plan.log" | grep -E "^(te|diffusion|vae) ") <(sed -n '/^job:/,$p' "$tmp/plan2.log" | grep -E "^(te|diffusion|vae) ") >/dev/null &&
     grep -q "^diffusion " "$tmp/plan2.log"; then
     echo "ok   easel plan --auto-fit: the flags line ($line) reproduces the plan"
   else

@@ -192,9 +192,10 @@ TEST(PlacementFamily, ZImageCostsMatchTheLoadedParameters) {
     fo.threads = 1;
     auto fam = models::open_family(files, fo);
     auto costs = fam->placement_costs(8, 8);
-    ASSERT_EQ(costs.size(), 2u);
+    ASSERT_EQ(costs.size(), 3u);
     EXPECT_EQ(costs[0].module, PModule::Te);
     EXPECT_EQ(costs[1].module, PModule::Diffusion);
+    EXPECT_EQ(costs[2].module, PModule::Vae);  // the AutoencoderKL decoder (tests/unit/placement_vae_test.cpp)
     auto* z = dynamic_cast<models::zimage::ZImage*>(fam.get());
     ASSERT_NE(z, nullptr);
     EXPECT_EQ((int64_t)costs[1].block_bytes.size(), z->dit_config().n_layers);

@@ -55,6 +55,8 @@ TEST(PlacementSpec, SdCliExamplesParseToTheExpectedAssignments) {
         {{.backend = "te=cpu,*=cuda1"}, "CUDA1 CPU CUDA1 CUDA1 CUDA1"},
         {{.backend = "diffusion=cuda0&cuda1"}, "CUDA0&CUDA1 CUDA0 CUDA0 CUDA0 CUDA0"},
         {{.backend = "diffusion=RPC0&RPC1"}, "" + R0 + "&" + R1 + " CUDA0 CUDA0 CUDA0 CUDA0"},
+        // the VAE decoder is a block sequence too: a named list splits it, a default list does not
+        {{.backend = "vae=RPC0&RPC1"}, "CUDA0 CUDA0 " + R0 + "&" + R1 + " CUDA0 CUDA0"},
         // a default device list gives single-device modules its first device
         {{.backend = "cuda1&cuda0"}, "CUDA1&CUDA0 CUDA1&CUDA0 CUDA1 CUDA1 CUDA1"},
         {{.backend = "diffusion=cuda0,te=cpu,vae=cpu", .params_backend = "diffusion=cuda0,te=cpu,vae=cpu"}, "CUDA0 CPU CPU CUDA0 CUDA0"},
@@ -129,7 +131,8 @@ TEST(PlacementSpec, MalformedSpecsAreRejectedWithOneLineErrors) {
         {{.backend = "rpc"}, "ambiguous"},
         {{.backend = "disk"}, "parameter location"},
         {{.backend = "te=disk"}, "--params-backend te=disk"},
-        {{.backend = "vae=cuda0&cuda1"}, "only diffusion and te"},
+        {{.backend = "controlnet=cuda0&cuda1"}, "only diffusion, te and vae"},
+        {{.backend = "upscaler=cuda0&cuda1"}, "only diffusion, te and vae"},
         {{.backend = "diffusion=cuda0&cuda0"}, "appears twice"},
         {{.backend = "diffusion=cuda0&"}, "empty device name"},
         {{.backend = "photomaker=cpu"}, "does not exist in easel"},

@@ -252,8 +252,10 @@ TEST(VaeAutoencoderKL, DecoderOnlyAndBadInput) {
     }
 }
 
-// The decoder as a block sequence: prologue in one graph, the up blocks and epilogue in
-// another, the state passing through the host, gives the reference decode.
+// The decoder as a block sequence (nn::Sequence): the tiny VAE (2 levels, 3 decoder resnets per
+// level, mid attention) has 10 blocks in diffusers' order; cut after any block k, the prologue
+// and blocks [0, k) in one graph and blocks [k, 10) and the epilogue in another, the state
+// passing through the host, gives bitwise the one-graph decode, which matches diffusers.
 TEST(VaeAutoencoderKL, DecoderSequenceSplitAcrossGraphs) {
     auto idx = io::WeightIndex::open(ref("autoencoder_kl_sd_tiny.safetensors"));
     auto wts = io::WeightIndex::open(weights_only("autoencoder_kl_sd_tiny.safetensors"));
@@ -262,15 +264,36 @@ TEST(VaeAutoencoderKL, DecoderSequenceSplitAcrossGraphs) {
     ov.norm_num_groups = 8;
     auto m = vae::AutoencoderKLModel::load(wts, be.b, ov);
     const auto& mod = m->module();
-    ASSERT_EQ(mod.n_decode_blocks(), 2);
-    HostTensor h = vae::run_image_graph(be.b, read4(idx, "__input__.latent"),
-                                        [&](nn::Ctx& c, ggml_tensor* z) { return mod.decode_prologue(c, z); });
-    EXPECT_EQ(h.c, 32);
-    h = vae::run_image_graph(be.b, h, [&](nn::Ctx& c, ggml_tensor* x) { return mod.decode_block(c, 0, x); });
-    HostTensor out = vae::run_image_graph(be.b, h, [&](nn::Ctx& c, ggml_tensor* x) {
-        return mod.decode_epilogue(c, mod.decode_block(c, 1, x));
-    });
-    EXPECT_LT(max_abs_diff(out, read4(idx, "__output__.decoded_latent")), 1e-4f);
+    ASSERT_EQ(mod.n_blocks(), 10);
+    using K = vae::KLDecodeUnit::Kind;
+    const std::vector<std::pair<K, std::string>> want = {
+        {K::Resnet, "decoder.mid_block.resnets.0"},      {K::Attention, "decoder.mid_block.attentions.0"},
+        {K::Resnet, "decoder.mid_block.resnets.1"},      {K::Resnet, "decoder.up_blocks.0.resnets.0"},
+        {K::Resnet, "decoder.up_blocks.0.resnets.1"},    {K::Resnet, "decoder.up_blocks.0.resnets.2"},
+        {K::Upsample, "decoder.up_blocks.0.upsamplers.0"}, {K::Resnet, "decoder.up_blocks.1.resnets.0"},
+        {K::Resnet, "decoder.up_blocks.1.resnets.1"},    {K::Resnet, "decoder.up_blocks.1.resnets.2"}};
+    for (int i = 0; i < 10; ++i) {
+        EXPECT_EQ(mod.unit(i).kind, want[(size_t)i].first) << i;
+        EXPECT_EQ(mod.unit(i).name, want[(size_t)i].second) << i;
+    }
+    // block 6 (the upsampler) holds exactly the upsampler conv's weight and bias
+    int n_params = 0;
+    const_cast<nn::Block&>(mod.block_params(6)).visit_params("", [&](const std::string&, nn::Param&) { ++n_params; });
+    EXPECT_EQ(n_params, 2);
+    const HostTensor z = read4(idx, "__input__.latent");
+    const HostTensor whole = m->decode(z);
+    EXPECT_LT(max_abs_diff(whole, read4(idx, "__output__.decoded_latent")), 1e-4f);
+    for (int k = 0; k <= mod.n_blocks(); ++k) {
+        HostTensor h = vae::run_image_graph(be.b, z, [&](nn::Ctx& c, ggml_tensor* x) {
+            return mod.forward_range(c, mod.prologue(c, vae::KLDecodeInputs{x}), 0, k).h;
+        });
+        EXPECT_EQ(h.c, k <= 7 ? 32 : 16) << k;  // 32 channels through the upsampler, 16 from up_blocks.1.resnets.0 on
+        EXPECT_EQ(h.h, k <= 6 ? z.h : 2 * z.h) << k;  // doubled by the upsampler (block 6)
+        HostTensor out = vae::run_image_graph(be.b, h, [&](nn::Ctx& c, ggml_tensor* x) {
+            return mod.epilogue(c, mod.forward_range(c, vae::KLDecodeState{x}, k, mod.n_blocks()));
+        });
+        EXPECT_EQ(out.data, whole.data) << "cut after block " << k;
+    }
 }
 
 namespace {

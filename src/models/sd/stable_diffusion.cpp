@@ -283,7 +283,7 @@ bool StableDiffusion::loaded(Module m) const {
     switch (m) {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return unet_.net != nullptr || placed_unet_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr || (taesd_ && taesd_->has_decoder());
+    case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr || (taesd_ && taesd_->has_decoder());
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
     return false;
@@ -354,6 +354,11 @@ void StableDiffusion::load(Module m) {
             if (!taesd_->has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
             break;
         }
+        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent's shape)
+            if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
+            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, opt_.flash_attn_te);
+            break;
+        }
         [[fallthrough]];
     case Module::VaeEncoder: {
         if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
@@ -391,13 +396,18 @@ void StableDiffusion::unload(Module m) {
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
+        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
+            vae_plans_done_ = {placed_vae_->current_plan()};
+            vae_peaks_done_ = placed_vae_->peaks();
+        }
+        placed_vae_.reset();
         taesd_.reset();
         taesd_idx_.reset();
         if (!vae_enc_) vae_runner_.reset();
         break;
     case Module::VaeEncoder:
         vae_enc_.reset();
-        if (!vae_dec_ && !taesd_) vae_runner_.reset();
+        if (!vae_dec_ && !taesd_ && !placed_vae_) vae_runner_.reset();
         break;
     }
 }
@@ -408,6 +418,7 @@ size_t StableDiffusion::param_bytes(Module m) const {
     case Module::Diffusion: return unet_.net ? unet_.params.size() : 0;
     case Module::VaeDecoder:
         if (vae_dec_) return bound_bytes(vae_dec_->module());
+        if (placed_vae_) return placed_vae_->param_bytes();
         return 0;
     case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
     }
@@ -550,6 +561,7 @@ vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae
     if (taesd_) return taesd_->decode(latent, ex);
     vae::HostTensor z = latent;
     for (auto& v : z.data) v /= scaling_factor_;
+    if (placed_vae_) return placed_vae_->decode(z, tiling);
     return vae_dec_->decode(z, tiling, ex);
 }
 
@@ -596,7 +608,25 @@ std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, 
     nn::LoadOptions lo;
     lo.weight_type = weight_type_;
     out.push_back(placement::unet_costs(*unet_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength));
+    // vae: the AutoencoderKL decoder (the VAE flash attention follows --fa, as decode() runs it)
+    if (kl_ && kl_->has_decoder && taesd_path_.empty())
+        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, opt_.flash_attn_te, h, w, planned_tiling()));
     return out;
+}
+
+placement::VaeDecoderSource StableDiffusion::vae_source() const {
+    placement::VaeDecoderSource s;
+    s.index = vae_idx_ ? vae_idx_.get() : unet_idx_.get();
+    s.src = *kl_;
+    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    return s;
+}
+
+vae::TilingOptions StableDiffusion::planned_tiling() const {
+    vae::TilingOptions t;
+    t.enabled = opt_.vae_tile > 0;
+    t.tile_size = std::max(opt_.vae_tile, 1) * spatial_factor_;
+    return t;
 }
 
 std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
@@ -609,6 +639,8 @@ std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
     if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) r.push_back(placed_unet_->current_plan());
+    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
+    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
 }
 
@@ -623,6 +655,8 @@ std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
         if (placed_te_->placed) merge(placed_te_->placed->peaks());
     }
     if (placed_unet_) merge(placed_unet_->peaks());
+    merge(vae_peaks_done_);
+    if (placed_vae_) merge(placed_vae_->peaks());
     return p;
 }
 

@@ -26,6 +26,7 @@
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/taesd.h"
 #include "placement/sd_unet.h"
+#include "placement/vae_decoder.h"
 #include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
@@ -75,9 +76,11 @@ public:
     size_t compute_bytes(Module m) const override;
     /// te: the CLIP text encoder for one 77-token window, built to the default clip skip (the
     /// layers after the context layer are not part of it); diffusion: the UNet for a batch-1
-    /// evaluation with a 77-token context. Reads the text encoder's headers.
+    /// evaluation with a 77-token context; vae: the AutoencoderKL decoder for a batch-1 latent of
+    /// h x w cells (one tile when FamilyOptions::vae_tile tiles it; none with --taesd). Reads the
+    /// text encoder's headers.
     std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: the plans of the text encoder and the UNet
+    /// With FamilyOptions::placement: the plans of the text encoder, the UNet and the VAE decoder
     /// (placement::plan_modules over placement_costs()).
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     std::vector<placement::ModulePlan> placement_plans() const override;
@@ -102,6 +105,10 @@ private:
     /// The CLIP text encoder truncated to clip skip k (context = its last_hidden_state) under
     /// the placement spec; rebuilt when k changes.
     struct PlacedTe;
+    /// Where the AutoencoderKL decoder lies (index, source, config.json overrides), for placement.
+    placement::VaeDecoderSource vae_source() const;
+    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), for planning.
+    vae::TilingOptions planned_tiling() const;
 
     ModelFiles files_;
     FamilyOptions opt_;
@@ -141,6 +148,11 @@ private:
     std::vector<placement::ModulePlan> te_plans_done_;
     std::map<std::string, uint64_t> te_peaks_done_;
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
+    /// The VAE decoder under FamilyOptions::placement (not with --taesd), and its plan and
+    /// measured peaks kept when it is unloaded (the pipeline prints them after decoding).
+    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> vae_plans_done_;
+    std::map<std::string, uint64_t> vae_peaks_done_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;
     size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;

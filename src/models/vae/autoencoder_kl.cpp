@@ -420,6 +420,20 @@ AutoencoderKL::AutoencoderKL(const AutoencoderKLConfig& cfg, KLParts parts, bool
         if (cfg.use_post_quant_conv)
             post_quant_conv_ = &add<nn::Conv2d>("post_quant_conv", cfg.latent_channels, cfg.latent_channels, 1, 1, 0);
         decoder_ = &add<VaeDecoder>("decoder", cfg, ldm_attn_shape);
+        using K = KLDecodeUnit::Kind;
+        auto resnet = [&](const ResnetBlock2D* r, std::string name) {
+            units_.push_back(KLDecodeUnit{K::Resnet, r, r, nullptr, nullptr, std::move(name)});
+        };
+        resnet(decoder_->mid->resnet0, "decoder.mid_block.resnets.0");
+        if (const VaeAttention* a = decoder_->mid->attn)
+            units_.push_back(KLDecodeUnit{K::Attention, a, nullptr, a, nullptr, "decoder.mid_block.attentions.0"});
+        resnet(decoder_->mid->resnet1, "decoder.mid_block.resnets.1");
+        for (size_t b = 0; b < decoder_->up_blocks.size(); ++b) {
+            const UpDecoderBlock2D* ub = decoder_->up_blocks[b];
+            for (size_t j = 0; j < ub->resnets.size(); ++j) resnet(ub->resnets[j], fmt::format("decoder.up_blocks.{}.resnets.{}", b, j));
+            if (ub->up)
+                units_.push_back(KLDecodeUnit{K::Upsample, ub->up, nullptr, nullptr, ub->up, fmt::format("decoder.up_blocks.{}.upsamplers.0", b)});
+        }
     }
 }
 
@@ -430,31 +444,59 @@ ggml_tensor* AutoencoderKL::encode_moments(nn::Ctx& c, ggml_tensor* image) const
     return h;
 }
 
-ggml_tensor* AutoencoderKL::decode_prologue(nn::Ctx& c, ggml_tensor* z) const {
+KLDecodeState AutoencoderKL::prologue(nn::Ctx& c, const KLDecodeInputs& in) const {
     if (!decoder_) fail(ErrorKind::InvalidInput, "AutoencoderKL: this VAE was loaded without a decoder");
+    ggml_tensor* z = in.z;
     if (post_quant_conv_) z = post_quant_conv_->forward(c, z);
-    ggml_tensor* h = decoder_->conv_in->forward(c, z);
-    return decoder_->mid->forward(c, h);
+    return KLDecodeState{decoder_->conv_in->forward(c, z)};
 }
 
-int AutoencoderKL::n_decode_blocks() const { return decoder_ ? int(decoder_->up_blocks.size()) : 0; }
-
-ggml_tensor* AutoencoderKL::decode_block(nn::Ctx& c, int i, ggml_tensor* h) const {
-    if (i < 0 || i >= n_decode_blocks())
-        fail(ErrorKind::InvalidInput, "AutoencoderKL: decoder block {} out of range [0, {})", i, n_decode_blocks());
-    return decoder_->up_blocks[size_t(i)]->forward(c, h);
+KLDecodeState AutoencoderKL::block(nn::Ctx& c, int i, KLDecodeState s) const {
+    if (i < 0 || i >= n_blocks())
+        fail(ErrorKind::InvalidInput, "AutoencoderKL: decoder block {} out of range [0, {})", i, n_blocks());
+    const KLDecodeUnit& u = units_[size_t(i)];
+    switch (u.kind) {
+        case KLDecodeUnit::Kind::Resnet: s.h = u.resnet->forward(c, s.h); break;
+        case KLDecodeUnit::Kind::Attention: s.h = u.attn->forward(c, s.h); break;
+        case KLDecodeUnit::Kind::Upsample:
+            // UpDecoderBlock2D's upsampler (upsampling.py Upsample2D): nearest x2, 3x3 conv
+            s.h = u.up->forward(c, ggml_upscale(c.ctx, s.h, 2, GGML_SCALE_MODE_NEAREST));
+            break;
+    }
+    return s;
 }
 
-ggml_tensor* AutoencoderKL::decode_epilogue(nn::Ctx& c, ggml_tensor* h) const {
+ggml_tensor* AutoencoderKL::epilogue(nn::Ctx& c, KLDecodeState s) const {
     if (!decoder_) fail(ErrorKind::InvalidInput, "AutoencoderKL: this VAE was loaded without a decoder");
-    h = silu(c, decoder_->norm_out->forward(c, h));
+    ggml_tensor* h = silu(c, decoder_->norm_out->forward(c, s.h));
     return decoder_->conv_out->forward(c, h);
 }
 
-ggml_tensor* AutoencoderKL::decode(nn::Ctx& c, ggml_tensor* z) const {
-    ggml_tensor* h = decode_prologue(c, z);
-    for (int i = 0; i < n_decode_blocks(); ++i) h = decode_block(c, i, h);
-    return decode_epilogue(c, h);
+ggml_tensor* AutoencoderKL::decode(nn::Ctx& c, ggml_tensor* z) const { return forward(c, KLDecodeInputs{z}); }
+
+nn::TensorSource kl_tensor_source(const io::WeightIndex& index, const KLSource& src, const AutoencoderKLConfig& cfg) {
+    nn::TensorSource ts(index, src.prefix);
+    const int n_levels = int(cfg.block_out_channels.size());
+    if (src.layout == KLLayout::Ldm)
+        ts.set_mapper([n_levels, q = src.quant_in_halves](const std::string& canonical) { return ldm_name(canonical, n_levels, q); });
+    else if (src.layout == KLLayout::DiffusersLegacy)
+        ts.set_mapper([](const std::string& canonical) { return legacy_attn(canonical); });
+    return ts;
+}
+
+nn::LoadOptions kl_load_options(const AutoencoderKLConfig& cfg, KLParts parts, ggml_type weight_type) {
+    if (weight_type != GGML_TYPE_F32 && weight_type != GGML_TYPE_F16)
+        fail(ErrorKind::InvalidInput, "VAE weights can be kept in F32 or F16, not {}", ggml_type_name(weight_type));
+    nn::LoadOptions lo;
+    lo.weight_type = weight_type;
+    // A half left out on purpose leaves its stored keys unused: check unexpected keys only when
+    // every half the weights hold was built.
+    const bool enc = parts != KLParts::DecoderOnly && cfg.has_encoder, dec = parts != KLParts::EncoderOnly && cfg.has_decoder;
+    lo.check_unexpected = enc == cfg.has_encoder && dec == cfg.has_decoder;
+    // FLUX.2 VAE (AutoencoderKLFlux2): the BatchNorm statistics of the patchified latents are not
+    // used by encode/decode (the pipeline normalises with them; models/flux/flux2_vae.h).
+    lo.ignore_unexpected_suffixes = {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"};
+    return lo;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,24 +523,8 @@ std::unique_ptr<AutoencoderKLModel> AutoencoderKLModel::load(const io::WeightInd
     m->backend_ = backend;
     m->module_ = std::make_unique<AutoencoderKL>(cfg, parts, src.layout == KLLayout::Ldm);
 
-    nn::TensorSource ts(index, src.prefix);
-    const int n_levels = int(cfg.block_out_channels.size());
-    if (src.layout == KLLayout::Ldm)
-        ts.set_mapper([n_levels, q = src.quant_in_halves](const std::string& canonical) { return ldm_name(canonical, n_levels, q); });
-    else if (src.layout == KLLayout::DiffusersLegacy)
-        ts.set_mapper([](const std::string& canonical) { return legacy_attn(canonical); });
-
-    if (weight_type != GGML_TYPE_F32 && weight_type != GGML_TYPE_F16)
-        fail(ErrorKind::InvalidInput, "VAE weights can be kept in F32 or F16, not {}", ggml_type_name(weight_type));
-    nn::LoadOptions lo;
-    lo.weight_type = weight_type;
-    // A half left out on purpose leaves its stored keys unused: check unexpected keys only when
-    // every half the weights hold was built.
-    const bool complete = m->module_->has_encoder() == cfg.has_encoder && m->module_->has_decoder() == cfg.has_decoder;
-    lo.check_unexpected = complete;
-    // FLUX.2 VAE (AutoencoderKLFlux2): the BatchNorm statistics of the patchified latents are not
-    // used by encode/decode (the pipeline normalises with them; models/flux/flux2_vae.h).
-    lo.ignore_unexpected_suffixes = {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"};
+    nn::TensorSource ts = kl_tensor_source(index, src, cfg);
+    const nn::LoadOptions lo = kl_load_options(cfg, parts, weight_type);
     m->params_ = nn::ParamBuffer::load(*m->module_, ts, ggml_backend_get_default_buffer_type(backend), lo);
     return m;
 }
@@ -545,22 +571,34 @@ LatentDist AutoencoderKLModel::encode(const HostTensor& image, const TilingOptio
     return d;
 }
 
-HostTensor AutoencoderKLModel::decode(const HostTensor& latent, const TilingOptions& tiling, const ExecOptions& ex) const {
-    const auto& cfg = config();
-    if (!module_->has_decoder()) fail(ErrorKind::InvalidInput, "this VAE was loaded without its decoder; it cannot decode latents");
+HostTensor decode_with(const AutoencoderKLConfig& cfg, const HostTensor& latent, const TilingOptions& tiling,
+                       const std::function<HostTensor(const HostTensor&)>& run) {
     if (latent.c != cfg.latent_channels)
         fail(ErrorKind::InvalidInput, "VAE decode: latent has {} channels, this VAE takes {}", latent.c, cfg.latent_channels);
     if (latent.h <= 0 || latent.w <= 0) fail(ErrorKind::InvalidInput, "VAE decode: empty latent");
     const int f = cfg.spatial_factor();
-    auto run = [&](const HostTensor& z) {
-        return run_image_graph(backend_, z, [&](nn::Ctx& c, ggml_tensor* in) { return module_->decode(c, in); }, ex);
-    };
     if (tiling.enabled) {
         check_tiling(tiling, f);
         const int64_t lt = tiling.tile_size / f;
         if (latent.h > lt || latent.w > lt) return tiled_apply(latent, lt, tiling.tile_size, tiling.overlap, run);
     }
     return run(latent);
+}
+
+std::pair<int64_t, int64_t> decode_graph_latent(const AutoencoderKLConfig& cfg, int64_t h, int64_t w, const TilingOptions& tiling) {
+    if (!tiling.enabled) return {h, w};
+    const int f = cfg.spatial_factor();
+    check_tiling(tiling, f);
+    const int64_t lt = tiling.tile_size / f;
+    if (h > lt || w > lt) return {std::min(h, lt), std::min(w, lt)};
+    return {h, w};
+}
+
+HostTensor AutoencoderKLModel::decode(const HostTensor& latent, const TilingOptions& tiling, const ExecOptions& ex) const {
+    if (!module_->has_decoder()) fail(ErrorKind::InvalidInput, "this VAE was loaded without its decoder; it cannot decode latents");
+    return decode_with(config(), latent, tiling, [&](const HostTensor& z) {
+        return run_image_graph(backend_, z, [&](nn::Ctx& c, ggml_tensor* in) { return module_->decode(c, in); }, ex);
+    });
 }
 
 }  // namespace easel::vae

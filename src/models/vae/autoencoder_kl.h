@@ -22,13 +22,16 @@
 #include "models/vae/host_tensor.h"
 #include "nn/block.h"
 #include "nn/layers.h"
+#include "nn/sequence.h"
 
 #include <ggml-backend.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace easel::vae {
@@ -192,12 +195,43 @@ public:
 /// Which halves of the VAE to build and load.
 enum class KLParts { Both, EncoderOnly, DecoderOnly };
 
+/// Inputs of the decoder sequence: the raw (unscaled) latent z {w, h, L, N}, F32.
+struct KLDecodeInputs {
+    ggml_tensor* z = nullptr;
+};
+
+/// The state between two decoder blocks (an nn::SequenceState): the feature map {W, H, C, N}.
+struct KLDecodeState {
+    ggml_tensor* h = nullptr;
+    /// Calls f on "h".
+    void visit_tensors(const nn::StateTensorFn& f) { f("h", h); }
+};
+
+/// One block of the decoder sequence: a resnet, the mid-block attention, or an upsampler
+/// (nearest x2 + 3x3 conv); `params` is its parameter subtree.
+struct KLDecodeUnit {
+    enum class Kind { Resnet, Attention, Upsample };
+    Kind kind = Kind::Resnet;
+    const nn::Block* params = nullptr;
+    const ResnetBlock2D* resnet = nullptr;
+    const VaeAttention* attn = nullptr;
+    const nn::Conv2d* up = nullptr;
+    std::string name;  ///< e.g. "decoder.up_blocks.1.upsamplers.0"
+};
+
 /// The AutoencoderKL module tree (root names: encoder, decoder, quant_conv, post_quant_conv).
 ///
-/// The decoder is a typed block sequence: decode_prologue (post_quant_conv, conv_in, mid block)
-/// -> decode_block(i) for the up blocks i = 0..n_decode_blocks()-1 -> decode_epilogue
-/// (conv_norm_out, SiLU, conv_out). The state between blocks is the feature map {W, H, C, N}.
-class AutoencoderKL : public nn::Block {
+/// The decoder is a typed block sequence (nn::Sequence, nn/sequence.h), so the placement
+/// runtime can cut it into segments on devices, stream its weights or measure any block range:
+///   prologue   post_quant_conv (when present) + decoder.conv_in
+///   block[i]   in order: mid_block.resnets.0, mid_block.attentions.0 (when present),
+///              mid_block.resnets.1, then for each up block b (lowest resolution first)
+///              up_blocks.b.resnets.0..layers, then up_blocks.b.upsamplers.0 (all but the last)
+///   epilogue   conv_norm_out -> SiLU -> conv_out: {W, H, C0, N} -> image {W, H, out, N}
+/// The state between blocks is the feature map (KLDecodeState). The ops and their order are
+/// those of diffusers vae.Decoder.forward; decode() is forward() (the same graph).
+/// n_blocks() is 0 when the decoder was not built; prologue/epilogue then throw.
+class AutoencoderKL : public nn::Block, public nn::Sequence<KLDecodeInputs, KLDecodeState, ggml_tensor*> {
 public:
     /// Builds the tree for `cfg`; `parts` leaves out a half (its params are then not declared).
     /// `ldm_attn_shape` declares the attention projections as [C, C, 1, 1] (ldm layout).
@@ -211,16 +245,20 @@ public:
     /// quant_conv. Channels [0, L) are the mean, [L, 2L) the unclamped log-variance.
     ggml_tensor* encode_moments(nn::Ctx& c, ggml_tensor* image) const;
 
-    /// latent {w, h, L, N} (raw, not scaled) -> image {w*f, h*f, out, N}.
+    /// latent {w, h, L, N} (raw, not scaled) -> image {w*f, h*f, out, N}: forward({z}).
+    /// Throws Error(InvalidInput) when the decoder was not built.
     ggml_tensor* decode(nn::Ctx& c, ggml_tensor* z) const;
-    /// Decoder sequence: post_quant_conv + conv_in + mid block. z {w, h, L, N} -> {w, h, C_top, N}.
-    ggml_tensor* decode_prologue(nn::Ctx& c, ggml_tensor* z) const;
-    /// Number of up blocks.
-    int n_decode_blocks() const;
-    /// Up block i (0 = the lowest resolution). Throws Error(InvalidInput) for i out of range.
-    ggml_tensor* decode_block(nn::Ctx& c, int i, ggml_tensor* h) const;
+
+    // nn::Sequence (the decoder; see the class comment)
+    int n_blocks() const override { return int(units_.size()); }
+    /// post_quant_conv + conv_in: z {w, h, L, N} -> {w, h, C_top, N}.
+    KLDecodeState prologue(nn::Ctx& c, const KLDecodeInputs& in) const override;
+    KLDecodeState block(nn::Ctx& c, int i, KLDecodeState s) const override;
     /// conv_norm_out + SiLU + conv_out: {W, H, C0, N} -> {W, H, out, N}.
-    ggml_tensor* decode_epilogue(nn::Ctx& c, ggml_tensor* h) const;
+    ggml_tensor* epilogue(nn::Ctx& c, KLDecodeState s) const override;
+    const nn::Block& block_params(int i) const override { return *units_.at(size_t(i)).params; }
+    /// Block i of the decoder sequence. Throws std::out_of_range for a bad index.
+    const KLDecodeUnit& unit(int i) const { return units_.at(size_t(i)); }
 
 private:
     AutoencoderKLConfig cfg_;
@@ -228,7 +266,17 @@ private:
     VaeDecoder* decoder_ = nullptr;
     nn::Conv2d* quant_conv_ = nullptr;
     nn::Conv2d* post_quant_conv_ = nullptr;
+    std::vector<KLDecodeUnit> units_;
 };
+
+/// The TensorSource of an AutoencoderKL stored under `src` in `index` (prefix, and the key map
+/// of the ldm / legacy diffusers layouts; docs/formats.md). `cfg` gives the level count.
+nn::TensorSource kl_tensor_source(const io::WeightIndex& index, const KLSource& src, const AutoencoderKLConfig& cfg);
+
+/// The load options AutoencoderKLModel::load uses for `parts` of a VAE of configuration `cfg`:
+/// weights kept in `weight_type` (F32 or F16, else Error(InvalidInput)), unexpected keys checked
+/// only when every half the file holds is built, the FLUX.2 BatchNorm statistics ignored.
+nn::LoadOptions kl_load_options(const AutoencoderKLConfig& cfg, KLParts parts, ggml_type weight_type = GGML_TYPE_F32);
 
 /// Tiling settings of encode/decode (--vae-tiling), in image pixels. Tiles are
 /// tile_size x tile_size image pixels (tile_size / f latent pixels), placed every
@@ -245,6 +293,20 @@ struct LatentDist {
     HostTensor mean;    ///< [N, L, H/f, W/f]
     HostTensor logvar;  ///< [N, L, H/f, W/f], clamped to [-30, 20] (DiagonalGaussianDistribution)
 };
+
+/// The decode rule of AutoencoderKLModel::decode with the graph execution left to `run` (so a
+/// placed decoder tiles exactly as the whole one): checks latent [N, L, h, w] against `cfg`
+/// (channels, non-empty; else Error(InvalidInput)) and the tile size (a positive multiple of f);
+/// with tiling enabled and a latent larger than one tile (tile_size / f cells) in h or w, `run`
+/// decodes each tile (tiled_apply: diffusers tiled_decode), else the whole latent once.
+/// run: raw latent [N, L, th, tw] -> image [N, out, th*f, tw*f].
+HostTensor decode_with(const AutoencoderKLConfig& cfg, const HostTensor& latent, const TilingOptions& tiling,
+                       const std::function<HostTensor(const HostTensor&)>& run);
+
+/// The largest latent a decode of an h x w latent hands to one graph, in latent cells: the
+/// first tile (min(tile_size / f, h) x min(tile_size / f, w)) when `tiling` tiles it (as
+/// decode_with decides), else {h, w}.
+std::pair<int64_t, int64_t> decode_graph_latent(const AutoencoderKLConfig& cfg, int64_t h, int64_t w, const TilingOptions& tiling);
 
 /// A loaded AutoencoderKL with its parameters on one backend.
 class AutoencoderKLModel {

@@ -289,7 +289,7 @@ bool ZImage::loaded(Module m) const {
     switch (m) {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
     return false;
@@ -371,6 +371,11 @@ void ZImage::load(Module m) {
         break;
     }
     case Module::VaeDecoder:
+        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent's shape)
+            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, false);
+            break;
+        }
+        [[fallthrough]];
     case Module::VaeEncoder: {
         const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
         vae::KLOverrides kov;
@@ -400,6 +405,11 @@ void ZImage::unload(Module m) {
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
+        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
+            vae_plans_done_ = {placed_vae_->current_plan()};
+            vae_peaks_done_ = placed_vae_->peaks();
+        }
+        placed_vae_.reset();
         if (!vae_enc_) vae_runner_.reset();
         break;
     case Module::VaeEncoder:
@@ -413,7 +423,7 @@ size_t ZImage::param_bytes(Module m) const {
     switch (m) {
     case Module::Te: return te_ ? te_->param_bytes() : 0;
     case Module::Diffusion: return dit_ ? dit_->param_bytes() : 0;
-    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : 0;
+    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : placed_vae_ ? placed_vae_->param_bytes() : 0;
     case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
     }
     return 0;
@@ -521,6 +531,7 @@ vae::HostTensor ZImage::decode(const vae::HostTensor& latent, const vae::TilingO
     ex.n_threads = opt_.threads;
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
+    if (placed_vae_) return placed_vae_->decode(z, tiling);
     return vae_dec_->decode(z, tiling, ex);
 }
 
@@ -582,7 +593,24 @@ std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w
             placement::PModule::Diffusion, k, *k->net, *k->net, *k->src, lo, opt_.threads, opt_.flash_attn_diffusion,
             dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L)));
     }
+    if (kl_ && kl_->has_decoder)  // vae: the AutoencoderKL decoder
+        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, h, w, planned_tiling()));
     return out;
+}
+
+placement::VaeDecoderSource ZImage::vae_source() const {
+    placement::VaeDecoderSource s;
+    s.index = vae_idx_ ? vae_idx_.get() : dit_idx_.get();
+    s.src = *kl_;
+    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    return s;
+}
+
+vae::TilingOptions ZImage::planned_tiling() const {
+    vae::TilingOptions t;
+    t.enabled = opt_.vae_tile > 0;
+    t.tile_size = std::max(opt_.vae_tile, 1) * spatial_factor_;
+    return t;
 }
 
 std::vector<placement::ModulePlan> ZImage::plan_placement(int64_t h, int64_t w) {
@@ -595,6 +623,8 @@ std::vector<placement::ModulePlan> ZImage::placement_plans() const {
     if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
+    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
 }
 
@@ -605,6 +635,8 @@ std::map<std::string, uint64_t> ZImage::placement_peaks() const {
     };
     if (placed_te_) merge(placed_te_->placed->peaks());
     if (placed_dit_) merge(placed_dit_->placed->peaks());
+    merge(vae_peaks_done_);
+    if (placed_vae_) merge(placed_vae_->peaks());
     return p;
 }
 

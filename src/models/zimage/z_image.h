@@ -36,6 +36,7 @@
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/zimage/z_image_dit.h"
+#include "placement/vae_decoder.h"
 #include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 
@@ -113,9 +114,11 @@ public:
     size_t compute_bytes(Module m) const override;
     /// te: Qwen3 built with layers - 1 layers (the context is hidden_states[-2], the raw output
     /// of layer layers - 2), 512 tokens (kMaxPromptTokens); diffusion: the transformer for a
-    /// latent of h x w cells and a 512-token caption. Reads the text encoder's headers.
+    /// latent of h x w cells and a 512-token caption; vae: the AutoencoderKL decoder for a
+    /// latent of h x w cells (one tile when FamilyOptions::vae_tile tiles it). Reads the text
+    /// encoder's headers.
     std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: plans of te and diffusion (placement::plan_modules).
+    /// With FamilyOptions::placement: plans of te, diffusion and vae (placement::plan_modules).
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
     std::vector<placement::ModulePlan> placement_plans() const override;
@@ -135,6 +138,10 @@ private:
     /// and configuration, checked (a Qwen3 model of the transformer's width with >= 2 layers).
     /// Throws Error(ModelMismatch) naming the flag and the fix.
     const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const;
+    /// Where the AutoencoderKL decoder lies (index, source, config.json overrides), for placement.
+    placement::VaeDecoderSource vae_source() const;
+    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), for planning.
+    vae::TilingOptions planned_tiling() const;
     struct PlacedTe;   ///< Qwen3 under FamilyOptions::placement
     struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
@@ -165,6 +172,10 @@ private:
     std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
     std::unique_ptr<PlacedTe> placed_te_;
     std::unique_ptr<PlacedDiT> placed_dit_;
+    /// The VAE decoder under FamilyOptions::placement; its plan and peaks kept after unload.
+    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> vae_plans_done_;
+    std::map<std::string, uint64_t> vae_peaks_done_;
     std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
     std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;

@@ -1,0 +1,164 @@
+#!/bin/bash
+# The VAE decoder under placement flags, end to end with the tiny SD pipeline and two
+# `easel rpc-server`s on 127.0.0.1 as extra devices: a layer split (--backend "vae=RPC0&RPC1"),
+# weights in RAM (--params-backend vae=cpu) and on disk (vae=disk), tiled decodes, and a
+# --max-vram cap that cuts a tile's decode into segments uploaded per evaluation each give the
+# PNG of the plain CPU run (with the same --vae-tiling), with each RPC device's measured peak
+# within 10% of the prediction and within its cap; --auto-fit on a job whose decode only fits
+# tiled plans the tiling up front (the tile size in the flags line), and the run then succeeds
+# under the cap; a decode that cannot fit stops with one line suggesting --vae-tiling.
+# Usage: placement_vae.sh EASEL_BINARY TEST_DATA_DIR
+set -u
+easel="$1"
+data="$2"
+model="$data/reference/sd_tiny/sd_tiny.safetensors"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  [ -n "${KEEP_TMP:-}" ] && echo "logs kept in $tmp" || rm -rf "$tmp"
+}
+trap cleanup EXIT
+fails=0
+
+port0=$((61000 + ($$ % 400) * 2))
+port1=$((port0 + 1))
+for port in $port0 $port1; do
+  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 50); do
+  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
+  sleep 0.1
+done
+rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+job=(-m "$model" -p "a cat" -W 128 -H 128 --steps 2 -s 1 -t 1 --no-cache)
+
+"$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain run: $(tail -1 "$tmp/plain.log")"; exit 1; }
+for t in 4 8; do
+  "$easel" generate "${job[@]}" --vae-tiling --vae-tile-size ${t}x$t -o "$tmp/plain-t$t.png" >/dev/null 2>&1 ||
+    { echo "FAIL plain tiled run ($t)"; exit 1; }
+done
+if cmp -s "$tmp/plain.png" "$tmp/plain-t8.png"; then
+  echo "FAIL the tiled decode gives the untiled image: the tiled cases would prove nothing"
+  exit 1
+fi
+
+# check_peaks LOG CAP(MiB or -) NAME: every RPC row of the table printed after the decode: the
+# measured peak within 10% of the prediction and not above CAP
+check_peaks() {
+  local log="$1" cap="$2" name="$3" rows bad
+  rows=$(sed -n '/after the decode/,/^$/p' "$log" | awk '$1 ~ /^RPC[01]/ && NF == 3 { print $1, $2, $3 }')
+  if [ -z "$rows" ]; then
+    echo "FAIL $name: no measured peak printed for an RPC device after the decode"
+    return 1
+  fi
+  bad=$(printf '%s\n' "$rows" | awk -v cap="$cap" '{
+      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " $1;
+      else if (cap != "-" && $3 > cap) print "measured " $3 " MiB above the cap " cap " MiB on " $1 }')
+  if [ -n "$bad" ]; then
+    echo "FAIL $name: $bad"
+    return 1
+  fi
+  echo "ok   $name: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
+}
+
+# same_image NAME REFERENCE CAP FLAGS...: the PNG equals REFERENCE, peaks checked
+same_image() {
+  local name="$1" ref="$2" cap="$3"
+  shift 3
+  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
+    echo "FAIL $name: $(grep error "$tmp/out.log" | head -1)"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! cmp -s "$ref" "$tmp/out.png"; then
+    echo "FAIL $name: image differs from the plain CPU run"
+    fails=$((fails + 1))
+    return
+  fi
+  check_peaks "$tmp/out.log" "$cap" "$name" || fails=$((fails + 1))
+}
+
+# vae_need FLAGS...: the vae row's predicted total (MiB) of `easel plan`
+vae_need() { "$easel" plan "${job[@]}" $rpc "$@" 2>/dev/null | awk '$1 == "vae" { print $(NF - 2); exit }'; }
+
+same_image "layer split vae=RPC0&RPC1" "$tmp/plain.png" - --backend "vae=RPC0&RPC1"
+same_image "--params-backend vae=cpu (staged)" "$tmp/plain.png" - --backend vae=RPC0 --params-backend vae=cpu
+same_image "--params-backend vae=disk" "$tmp/plain.png" - --backend vae=RPC1 --params-backend vae=disk
+same_image "tiled 8x8, layer split vae=RPC1&RPC0" "$tmp/plain-t8.png" - --backend "vae=RPC1&RPC0" --vae-tiling --vae-tile-size 8x8
+
+# a cap below a 4x4 tile's need with the weights in RAM: --max-vram segments uploaded per tile
+need=$(vae_need --backend vae=RPC0 --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4)
+if [ -z "$need" ]; then
+  echo "FAIL easel plan printed no vae row"
+  fails=$((fails + 1))
+else
+  cap=$(awk -v n="$need" 'BEGIN { printf "%.3f", n * 0.9 }')
+  capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+  segs=$("$easel" plan "${job[@]}" $rpc --backend vae=RPC0 --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4 --max-vram "RPC0=$capg" 2>&1 |
+    grep -o "VAE decoder .*: [0-9]* segment(s)" | grep -o "[0-9]* segment(s)")
+  if [ -n "$segs" ] && [ "${segs%% *}" -ge 2 ]; then
+    echo "ok   easel plan under RPC0=$cap MiB (a 4x4 tile needs $need MiB uncapped): vae in $segs"
+  else
+    echo "FAIL easel plan under a cap: vae row '$segs', expected several segments"
+    fails=$((fails + 1))
+  fi
+  same_image "tiled 4x4, weights in RAM, --max-vram RPC0=$cap MiB (segments)" "$tmp/plain-t4.png" "$cap" \
+    --backend vae=RPC0 --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4 --max-vram "RPC0=$capg"
+fi
+
+# easel plan: the vae row and its stage column
+if "$easel" plan "${job[@]}" $rpc --backend "vae=RPC0&RPC1" >"$tmp/plan.log" 2>&1 &&
+  [ "$(grep -c "^vae  *RPC[01] " "$tmp/plan.log")" -eq 2 ] && grep -q "VAE decoder .*: 2 segment(s)" "$tmp/plan.log" &&
+  grep -Eq "^device +te +diffusion +vae +peak" "$tmp/plan.log"; then
+  echo "ok   easel plan: vae rows and the vae stage column"
+else
+  echo "FAIL easel plan: $(tail -3 "$tmp/plan.log")"
+  fails=$((fails + 1))
+fi
+
+# a decode that cannot fit stops before running, suggesting --vae-tiling
+out=$("$easel" generate "${job[@]}" $rpc --backend vae=RPC0 --max-vram RPC0=0.004 -o "$tmp/no.png" 2>&1 >/dev/null | grep -v -i connection)
+if [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] && [[ "$out" == *"vae needs"* ]] && [[ "$out" == *"--vae-tiling"* ]] && [ ! -e "$tmp/no.png" ]; then
+  echo "ok   does not fit: $out"
+else
+  echo "FAIL does not fit: $out"
+  fails=$((fails + 1))
+fi
+
+# --auto-fit: te and diffusion pinned to the CPU, both RPC devices capped a little above a 16x16
+# tile's decode at 256x256 (32x32 latent cells): the whole decode does not fit, tiles of 16 do
+big=(-m "$model" -p "a cat" -W 256 -H 256 --steps 2 -s 1 -t 1 --no-cache)
+need16=$("$easel" plan "${big[@]}" $rpc --backend vae=RPC0 --vae-tiling --vae-tile-size 16x16 2>/dev/null | awk '$1 == "vae" { print $(NF - 2); exit }')
+needall=$("$easel" plan "${big[@]}" $rpc --backend vae=RPC0 2>/dev/null | awk '$1 == "vae" { print $(NF - 2); exit }')
+cap=$(awk -v n="$need16" 'BEGIN { printf "%.3f", n * 1.05 }')
+capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+af=(--backend "te=CPU,diffusion=CPU" --auto-fit --max-vram "RPC0=$capg,RPC1=$capg")
+if "$easel" plan "${big[@]}" $rpc "${af[@]}" >"$tmp/af-plan.log" 2>&1; then
+  line=$(grep -m1 "^  --backend" "$tmp/af-plan.log")
+  if [[ "$line" == *"--vae-tiling --vae-tile-size 16x16"* ]] && [[ "$line" == *"vae=RPC"* ]]; then
+    echo "ok   easel plan --auto-fit (whole decode $needall MiB, a 16x16 tile $need16 MiB, caps $cap MiB): $line"
+  else
+    echo "FAIL easel plan --auto-fit: flags line '$line' does not tile the VAE on an RPC device"
+    fails=$((fails + 1))
+  fi
+else
+  echo "FAIL easel plan --auto-fit: $(tail -2 "$tmp/af-plan.log")"
+  fails=$((fails + 1))
+fi
+"$easel" generate "${big[@]}" --vae-tiling --vae-tile-size 16x16 -o "$tmp/plain-big-t16.png" >/dev/null 2>&1
+if "$easel" generate "${big[@]}" $rpc "${af[@]}" -o "$tmp/af.png" >"$tmp/af.log" 2>&1; then
+  if cmp -s "$tmp/plain-big-t16.png" "$tmp/af.png"; then
+    check_peaks "$tmp/af.log" "$cap" "generate --auto-fit, VAE tiled under RPC caps of $cap MiB" || fails=$((fails + 1))
+  else
+    echo "FAIL generate --auto-fit: the image differs from the plain CPU run tiled 16x16"
+    fails=$((fails + 1))
+  fi
+else
+  echo "FAIL generate --auto-fit: $(grep -i error "$tmp/af.log" | head -1)"
+  fails=$((fails + 1))
+fi
+
+[ "$fails" -eq 0 ] && echo "all VAE placement checks passed" || echo "$fails VAE placement checks failed"
+[ "$fails" -eq 0 ]
