@@ -135,6 +135,51 @@ else
   fails=$((fails + 1))
 fi
 
+# the disk tier chosen by itself: the UNet pinned to RPC0 (te and vae to RPC1), RPC0 capped below
+# the UNet whole (0.75 and 0.6 of its one-graph need) and the host RAM (--max-vram CPU=GiB, what
+# auto-fit takes as the RAM budget instead of MemAvailable) below its weights (0.5, 0.35). Whole
+# on RPC0 does not fit (tier 2), streaming holds every weight in RAM (tier 3), one device (no
+# tier 4), so tier 5: --max-vram segments read from the file per evaluation through one host
+# buffer of a segment, which must be within the RAM budget. The image equals the plain CPU run's;
+# RPC0's measured peak is within 10% of the prediction and under the cap.
+job=(-m "$model" -p "a cat" -W 64 -H 64 --steps 2 -s 1 -t 1 --cache-dir "$cache")
+pin=(--backend "te=RPC1,diffusion=RPC0,vae=RPC1")
+if "$easel" generate "${job[@]}" --backend cpu -o "$tmp/plain64.png" >/dev/null 2>&1 &&
+  "$easel" plan "${job[@]}" $rpc "${pin[@]}" >"$tmp/unet.log" 2>&1; then
+  # the UNet's row of the table: params = $4, total = $8 (MiB)
+  read -r uparams utotal < <(awk '$1 == "diffusion" && $2 ~ /^RPC0/ { print $4, $8; exit }' "$tmp/unet.log")
+  for fr in "0.75 0.5" "0.6 0.35"; do
+    set -- $fr
+    c0=$(awk -v n="$utotal" -v f="$1" 'BEGIN { printf "%.2f", n * f }')
+    ramf=$2
+    ram=$(awk -v n="$uparams" -v f="$ramf" 'BEGIN { printf "%.2f", n * f }')
+    name="disk tier: UNet ${utotal} MiB whole, RPC0 cap $c0 MiB, host RAM $ram MiB"
+    mv="RPC0=$(awk -v m="$c0" 'BEGIN { printf "%.6f", m / 1024 }'),CPU=$(awk -v m="$ram" 'BEGIN { printf "%.6f", m / 1024 }')"
+    if ! "$easel" generate "${job[@]}" --no-cache $rpc --auto-fit "${pin[@]}" --max-vram "$mv" -o "$tmp/disk.png" >"$tmp/disk.log" 2>&1; then
+      echo "FAIL $name: $(grep -i error "$tmp/disk.log" | head -1)"
+      fails=$((fails + 1))
+      continue
+    fi
+    flags=$(grep -m1 "^  --backend" "$tmp/disk.log")
+    host=$(awk '$1 == "diffusion" && $2 ~ /^RPC0/ { print $NF; exit }' "$tmp/disk.log")
+    if ! grep -q "diffusion: tier 5 (disk): on RPC0, weights read from disk per evaluation" "$tmp/disk.log" || [[ "$flags" != *diffusion=disk* ]]; then
+      echo "FAIL $name: the disk tier was not chosen ($flags)"
+      fails=$((fails + 1))
+    elif awk -v h="$host" -v r="$ram" 'BEGIN { exit !(h > r) }'; then
+      echo "FAIL $name: the plan holds a $host MiB host buffer over the RAM budget"
+      fails=$((fails + 1))
+    elif ! cmp -s "$tmp/plain64.png" "$tmp/disk.png"; then
+      echo "FAIL $name: image differs from the plain CPU run ($flags)"
+      fails=$((fails + 1))
+    else
+      check_peaks "$tmp/disk.log" "$c0" - "$name, host buffer $host MiB [$flags]" || fails=$((fails + 1))
+    fi
+  done
+else
+  echo "FAIL disk tier: the plain run or the pinned plan failed: $(tail -1 "$tmp/unet.log")"
+  fails=$((fails + 1))
+fi
+
 # nothing fits: one error line naming the shortfall and a change
 out=$("$easel" plan "${job[@]}" $rpc --auto-fit --backend "te=RPC0,diffusion=RPC0,vae=RPC0" --max-vram "RPC0=0.0005" 2>&1 >/dev/null | grep -v -i connection)
 if [ "$(printf '%s\n' "$out" | grep -c .)" -eq 1 ] && [[ "$out" == *"nothing fits"* ]] && [[ "$out" == *"short"* ]] && [[ "$out" == *"cheapest change"* ]]; then
