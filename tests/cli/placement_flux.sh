@@ -3,7 +3,8 @@
 # (FLUX.1 dev: T5 + CLIP-L text encoders, FLUX.1 DiT) and the tiny Flux2KleinPipeline (Qwen3
 # text encoder, FLUX.2 DiT) from tests/data/reference/{flux1_tiny,klein_tiny}, with two
 # `easel rpc-server`s on 127.0.0.1 as extra devices: a layer split of the DiT (its double- and
-# single-stream blocks form one sequence) and of the text encoders, weights in RAM (staged;
+# single-stream blocks form one sequence) and of the text encoders, the VAE decoder on an RPC
+# device, weights in RAM (staged;
 # streamed and as --max-vram segments under a cap) and on disk each give
 # the same PNG bytes as the plain CPU run; every device's measured peak stays within its cap and
 # within 10% of the plan's prediction; `easel plan` prints the te and diffusion rows.
@@ -83,7 +84,7 @@ for fam in flux1 klein; do
     fails=$((fails + 1))
     continue
   fi
-  same_image "diffusion=RPC0&RPC1 (layer split)" RPC0 - --backend "diffusion=RPC0&RPC1"
+  same_image "diffusion=RPC0&RPC1 (layer split), vae=RPC1" RPC0 - --backend "diffusion=RPC0&RPC1,vae=RPC1"
   same_image "te=RPC0&RPC1 (text encoder layer split)" RPC1 - --backend "te=RPC0&RPC1"
   same_image "--params-backend cpu (staged)" RPC0 - --backend RPC0 --params-backend cpu
   same_image "--params-backend disk" RPC1 - --backend RPC1 --params-backend disk

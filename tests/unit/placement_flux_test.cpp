@@ -1,5 +1,6 @@
 // Placement of the FLUX families (models::flux::Flux1: T5 + CLIP-L text encoders and the FLUX.1
-// DiT; models::flux::Flux2Klein: the Qwen3 text encoder and the FLUX.2 DiT) with the tiny
+// DiT; models::flux::Flux2Klein: the Qwen3 text encoder and the FLUX.2 DiT; both: the
+// AutoencoderKL decoder, placement::PlacedVaeDecoder) with the tiny
 // reference pipelines (tests/data/reference/{flux1_tiny,klein_tiny}): run over CPU + two
 // `easel rpc-server`s on 127.0.0.1 (layer split, weights in RAM / on disk, streamed and
 // --max-vram segments under a cap) they give bitwise the outputs of the same family without
@@ -12,6 +13,7 @@
 #include "models/flux/flux1.h"
 #include "models/flux/flux2_klein.h"
 #include "models/flux/flux_row_split.h"
+#include "models/vae/host_tensor.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/row_split.h"
@@ -63,11 +65,12 @@ models::ModelFiles files_of(Fam f) {
 /// Everything a job computes that placement may touch: the contexts (and FLUX.1's pooled
 /// vectors) of two prompts, and DiT evaluations for both at two timesteps.
 struct Out {
-    std::vector<float> ctx_pos, ctx_neg, pooled_pos, v_pos, v_neg, v_pos2;
+    std::vector<float> ctx_pos, ctx_neg, pooled_pos, v_pos, v_neg, v_pos2, image;
 };
 
+/// decode: also decode the first velocity as a latent (the VAE decoder under the plan).
 Out run_family(Fam f, std::shared_ptr<const placement::PlacementSpec> spec, std::unique_ptr<models::Family>* hold = nullptr,
-               const std::string& type = "") {
+               const std::string& type = "", bool decode = false) {
     models::FamilyOptions fo;
     fo.threads = 1;
     fo.placement = spec;
@@ -90,6 +93,11 @@ Out run_family(Fam f, std::shared_ptr<const placement::PlacementSpec> spec, std:
     fam->diffusion(x, {}, h, w, 700.0, pos, o.v_pos);
     fam->diffusion(x, {}, h, w, 700.0, neg, o.v_neg);
     fam->diffusion(x, {}, h, w, 300.0, pos, o.v_pos2);  // a second step on the same plan
+    if (decode) {  // the DiT stays loaded (its plan is reported while loaded)
+        vae::HostTensor lat(1, C, h, w);
+        std::copy(o.v_pos.begin(), o.v_pos.end(), lat.data.begin());
+        o.image = fam->decode(lat, {}).data;
+    }
     if (hold) *hold = std::move(fam);
     return o;
 }
@@ -127,6 +135,7 @@ void expect_bitwise(const Out& o, const Out& plain, const std::string& name) {
     EXPECT_EQ(o.v_pos, plain.v_pos) << name;
     EXPECT_EQ(o.v_neg, plain.v_neg) << name;
     EXPECT_EQ(o.v_pos2, plain.v_pos2) << name;
+    EXPECT_EQ(o.image, plain.image) << name;
 }
 
 const char* fam_name(Fam f) { return f == Fam::Flux1 ? "FLUX.1" : "Klein"; }
@@ -141,10 +150,12 @@ TEST(PlacementFlux, CostsMatchTheLoadedParameters) {
         fo.threads = 1;
         auto fam = models::open_family(files_of(f), fo);
         auto costs = fam->placement_costs(8, 6);
-        // FLUX.1: T5 and CLIP (both te, one stage), the DiT; Klein: Qwen3, the DiT
-        ASSERT_EQ(costs.size(), f == Fam::Flux1 ? 3u : 2u) << fam_name(f);
-        for (size_t i = 0; i + 1 < costs.size(); ++i) EXPECT_EQ(costs[i].module, PModule::Te) << fam_name(f);
-        const auto& dc = costs.back();
+        // FLUX.1: T5 and CLIP (both te, one stage); Klein: Qwen3; then the DiT and the VAE decoder
+        ASSERT_EQ(costs.size(), f == Fam::Flux1 ? 4u : 3u) << fam_name(f);
+        const size_t n_te = costs.size() - 2;
+        for (size_t i = 0; i < n_te; ++i) EXPECT_EQ(costs[i].module, PModule::Te) << fam_name(f);
+        EXPECT_EQ(costs.back().module, PModule::Vae);
+        const auto& dc = costs[n_te];
         EXPECT_EQ(dc.module, PModule::Diffusion);
         int64_t blocks = 0;
         if (auto* f1 = dynamic_cast<models::flux::Flux1*>(fam.get())) blocks = f1->dit_config().n_double + f1->dit_config().n_single;
@@ -158,8 +169,8 @@ TEST(PlacementFlux, CostsMatchTheLoadedParameters) {
         // the state entering the first single block is the joint stream: as large as img + txt
         EXPECT_TRUE(dc.row_split != nullptr);
         EXPECT_TRUE(dc.row_split->why_not.empty()) << dc.row_split->why_not;
-        for (size_t i = 0; i + 1 < costs.size(); ++i)
-            EXPECT_GT(costs[i].measure(0, (int)costs[i].block_bytes.size(), true, true, "CPU"), 0u) << fam_name(f);
+        for (size_t i = 0; i < costs.size(); ++i)
+            if (i != n_te) EXPECT_GT(costs[i].measure(0, (int)costs[i].block_bytes.size(), true, true, "CPU"), 0u) << fam_name(f);
     }
 }
 
@@ -173,25 +184,34 @@ TEST(PlacementFlux, SplitOverRpcIsBitwiseTheCpuOutputs) {
         std::string name, backend, params;
     };
     const std::vector<Case> cases = {
-        {"layer split te and diffusion", "te=" + a + "&" + b + ",diffusion=" + b + "&" + a, ""},
+        {"layer split te and diffusion, VAE decoder on an RPC device", "te=" + a + "&" + b + ",diffusion=" + b + "&" + a + ",vae=" + a, ""},
         {"weights in RAM (staged)", a, "cpu"},
         {"weights on disk", b, "disk"},
     };
     for (Fam f : {Fam::Flux1, Fam::Klein}) {
-        const Out plain = run_family(f, nullptr);
+        const Out plain = run_family(f, nullptr, nullptr, "", true);
         for (auto& c : cases) {
             const std::string name = std::string(fam_name(f)) + " " + c.name;
             std::unique_ptr<models::Family> fam;
-            const Out o = run_family(f, spec_of(c.backend, c.params), &fam);
-            expect_bitwise(o, plain, name);
+            const bool vae = c.backend.find("vae=") != std::string::npos;  // decode where the VAE is placed
+            const Out o = run_family(f, spec_of(c.backend, c.params), &fam, "", vae);
+            Out ref = plain;
+            if (!vae) ref.image.clear();
+            expect_bitwise(o, ref, name);
             expect_peaks_near_prediction(*fam, name);
             auto plans = fam->placement_plans();
-            ASSERT_EQ(plans.size(), f == Fam::Flux1 ? 3u : 2u) << name;
-            EXPECT_EQ(plans.back().module, PModule::Diffusion);
+            // te (FLUX.1: T5 and CLIP), diffusion, the VAE decoder once it decoded
+            ASSERT_EQ(plans.size(), (f == Fam::Flux1 ? 3u : 2u) + (vae ? 1u : 0u)) << name;
+            const auto& dp = plans[plans.size() - (vae ? 2 : 1)];
+            EXPECT_EQ(dp.module, PModule::Diffusion);
+            if (vae) {
+                EXPECT_EQ(plans.back().module, PModule::Vae);
+                EXPECT_FALSE(plain.image.empty());
+            }
             if (c.backend.find('&') != std::string::npos) {
                 // the DiT's double- and single-stream blocks form one sequence cut across the devices
-                EXPECT_GE(plans.back().segments.size(), 2u) << name;
-                EXPECT_NE(plans.back().segments.front().device, plans.back().segments.back().device) << name;
+                EXPECT_GE(dp.segments.size(), 2u) << name;
+                EXPECT_NE(dp.segments.front().device, dp.segments.back().device) << name;
             }
         }
     }
@@ -216,14 +236,17 @@ TEST(PlacementFlux, WeightsInRamUnderACapAreBitwiseTheCpuOutputs) {
             fo.placement = spec_of("diffusion=" + a, "diffusion=cpu", "", stream);
             auto probe = models::open_family(files_of(f), fo);
             // + 4 KiB: --max-vram is given in GiB with 9 decimals (1 byte)
-            const uint64_t cap = probe->plan_placement(8, 6).back().devices.at(0).total() + 4096;
+            const auto probe_plans = probe->plan_placement(8, 6);
+            const uint64_t cap = probe_plans[probe_plans.size() - 2].devices.at(0).total() + 4096;
             char gib[64];
             std::snprintf(gib, sizeof gib, "%.9f", (double)cap / (1024.0 * kMiB));
             std::unique_ptr<models::Family> fam;
             const Out o = run_family(f, spec_of("diffusion=" + a, "diffusion=cpu", a + "=" + gib, stream), &fam);
             expect_bitwise(o, plain, name);
             auto plans = fam->placement_plans();
-            EXPECT_EQ(plans.back().host_bytes, plans.back().devices.at(0).params) << name << ": the weights are held in RAM and staged";
+            const auto& dp = plans.back();
+            EXPECT_EQ(dp.module, PModule::Diffusion);
+            EXPECT_EQ(dp.host_bytes, dp.devices.at(0).params) << name << ": the weights are held in RAM and staged";
             expect_peaks_near_prediction(*fam, name);
             EXPECT_LE(fam->placement_peaks().at(a), cap) << name;
         }
@@ -250,6 +273,7 @@ TEST(PlacementFlux, RowSplitDiTIsWithin1e5OfTheCpuRun) {
         EXPECT_LE(d3, 1e-5f) << name;
         auto plans = fam->placement_plans();
         const auto& dp = plans.back();
+        ASSERT_EQ(dp.module, PModule::Diffusion);
         ASSERT_EQ(dp.segments.size(), 3u) << name << ": prologue, blocks on the meta device, epilogue";
         EXPECT_TRUE(placement::is_row_split_device(dp.segments[1].device)) << name;
         expect_peaks_near_prediction(*fam, name);

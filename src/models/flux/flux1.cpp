@@ -425,7 +425,7 @@ bool Flux1::loaded(Module m) const {
     switch (m) {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
     return false;
@@ -489,6 +489,11 @@ void Flux1::load(Module m) {
         break;
     }
     case Module::VaeDecoder:
+        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent size)
+            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, false);
+            break;
+        }
+        [[fallthrough]];
     case Module::VaeEncoder: {
         if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
         const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
@@ -525,6 +530,11 @@ void Flux1::unload(Module m) {
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
+        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
+            vae_plans_done_ = {placed_vae_->current_plan()};
+            vae_peaks_done_ = placed_vae_->peaks();
+        }
+        placed_vae_.reset();
         if (!vae_enc_) vae_runner_.reset();
         break;
     case Module::VaeEncoder:
@@ -538,7 +548,7 @@ size_t Flux1::param_bytes(Module m) const {
     switch (m) {
     case Module::Te: return te_ ? te_->t5_params.size() + te_->clip_params.size() : 0;
     case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
-    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : 0;
+    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : placed_vae_ ? placed_vae_->param_bytes() : 0;
     case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
     }
     return 0;
@@ -681,6 +691,7 @@ vae::HostTensor Flux1::decode(const vae::HostTensor& latent, const vae::TilingOp
     ex.n_threads = opt_.threads;
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
+    if (placed_vae_) return placed_vae_->decode(z, tiling);
     return vae_dec_->decode(z, tiling, ex);
 }
 
@@ -752,7 +763,24 @@ std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w)
             placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
             dit_output, dit_label(dcfg_, h, w, L), flux1_row_split_rules(*m.net)));
     }
+    if (kl_ && kl_->has_decoder)  // vae: the AutoencoderKL decoder on the job's latent (factor 8, 16 channels)
+        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, h, w, planned_tiling()));
     return out;
+}
+
+placement::VaeDecoderSource Flux1::vae_source() const {
+    placement::VaeDecoderSource s;
+    s.index = vae_idx_ ? vae_idx_.get() : dit_idx_.get();
+    s.src = *kl_;
+    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    return s;
+}
+
+vae::TilingOptions Flux1::planned_tiling() const {
+    vae::TilingOptions t;
+    t.enabled = opt_.vae_tile > 0;
+    t.tile_size = std::max(opt_.vae_tile, 1) * spatial_factor_;
+    return t;
 }
 
 std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
@@ -769,6 +797,8 @@ std::vector<placement::ModulePlan> Flux1::placement_plans() const {
         r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     }
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
+    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
 }
 
@@ -779,6 +809,8 @@ std::map<std::string, uint64_t> Flux1::placement_peaks() const {
     };
     if (placed_te_) merge(te_peaks(*placed_te_));
     if (placed_dit_) merge(placed_dit_->placed->peaks());
+    merge(vae_peaks_done_);
+    if (placed_vae_) merge(placed_vae_->peaks());
     return p;
 }
 

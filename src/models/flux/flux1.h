@@ -45,6 +45,7 @@
 #include "models/flux/flux_dit.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
+#include "placement/vae_decoder.h"
 #include "runtime/graph_runner.h"
 
 #include <memory>
@@ -170,6 +171,14 @@ private:
     std::unique_ptr<PlacedDiT> placed_dit_;
     std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plans, kept after unload
     std::map<std::string, uint64_t> te_peaks_done_;
+    /// The VAE decoder under FamilyOptions::placement (the VAE encoder and TAEF2 run whole).
+    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
+    std::map<std::string, uint64_t> vae_peaks_done_;
+    /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.
+    placement::VaeDecoderSource vae_source() const;
+    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), in pixels.
+    vae::TilingOptions planned_tiling() const;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 

@@ -378,7 +378,7 @@ bool Flux2Klein::loaded(Module m) const {
     switch (m) {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr;
+    case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr || placed_vae_ != nullptr;
     case Module::VaeEncoder: return vae_enc_ != nullptr;
     }
     return false;
@@ -633,6 +633,10 @@ void Flux2Klein::load(Module m) {
                      taesd_->latent_channels(), dcfg_.in_channels / 4);
             break;
         }
+        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent size)
+            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, false);
+            break;
+        }
         [[fallthrough]];
     }
     case Module::VaeEncoder: {
@@ -665,6 +669,11 @@ void Flux2Klein::unload(Module m) {
         break;
     case Module::VaeDecoder:
         vae_dec_.reset();
+        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
+            vae_plans_done_ = {placed_vae_->current_plan()};
+            vae_peaks_done_ = placed_vae_->peaks();
+        }
+        placed_vae_.reset();
         taesd_.reset();
         taesd_idx_.reset();
         if (!vae_enc_) vae_runner_.reset();
@@ -682,6 +691,7 @@ size_t Flux2Klein::param_bytes(Module m) const {
     case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
     case Module::VaeDecoder:
         if (vae_dec_) return bound_bytes(vae_dec_->module());
+        if (placed_vae_) return placed_vae_->param_bytes();
         if (taesd_) {
             size_t b = 0;
             if (taesd_->decoder()) b += bound_bytes(*taesd_->decoder());
@@ -814,6 +824,7 @@ vae::HostTensor Flux2Klein::decode(const vae::HostTensor& latent, const vae::Til
     if (taesd_) {
         return taesd_->decode(z, ex);
     }
+    if (placed_vae_) return placed_vae_->decode(z, tiling);
     return vae_dec_->decode(z, tiling, ex);
 }
 
@@ -902,7 +913,26 @@ std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64
             placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
             dit_output, dit_label(dcfg_, h, w, refs_.count, Lt), flux2_row_split_rules(*m.net)));
     }
+    // vae: the AutoencoderKL decoder (not when TAEF2 decodes) on the VAE latent of the job: the
+    // sampler's latent is 2x2-patchified, so the VAE's is 2h x 2w
+    if (taesd_path_.empty() && kl_ && kl_->has_decoder)
+        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, 2 * h, 2 * w, planned_tiling()));
     return out;
+}
+
+placement::VaeDecoderSource Flux2Klein::vae_source() const {
+    placement::VaeDecoderSource s;
+    s.index = vae_idx_ ? vae_idx_.get() : dit_idx_.get();
+    s.src = *kl_;
+    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    return s;
+}
+
+vae::TilingOptions Flux2Klein::planned_tiling() const {
+    vae::TilingOptions t;
+    t.enabled = opt_.vae_tile > 0;
+    t.tile_size = std::max(opt_.vae_tile, 1) * latent_format().spatial_factor;
+    return t;
 }
 
 std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
@@ -915,6 +945,8 @@ std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
     if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
+    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
 }
 
@@ -925,6 +957,8 @@ std::map<std::string, uint64_t> Flux2Klein::placement_peaks() const {
     };
     if (placed_te_) merge(placed_te_->placed->peaks());
     if (placed_dit_) merge(placed_dit_->placed->peaks());
+    merge(vae_peaks_done_);
+    if (placed_vae_) merge(placed_vae_->peaks());
     return p;
 }
 

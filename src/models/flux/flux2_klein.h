@@ -44,6 +44,7 @@
 #include "models/flux/flux2_vae.h"
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
+#include "placement/vae_decoder.h"
 #include "models/vae/taesd.h"
 #include "runtime/graph_runner.h"
 
@@ -219,6 +220,14 @@ private:
     std::unique_ptr<PlacedDiT> placed_dit_;
     std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
     std::map<std::string, uint64_t> te_peaks_done_;
+    /// The VAE decoder under FamilyOptions::placement (the VAE encoder and TAEF2 run whole).
+    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
+    std::map<std::string, uint64_t> vae_peaks_done_;
+    /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.
+    placement::VaeDecoderSource vae_source() const;
+    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), in pixels.
+    vae::TilingOptions planned_tiling() const;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 
