@@ -100,6 +100,19 @@ public:
     uint64_t ram_budget() const { return cpu_ ? cpu_->budget : 0; }  // 0 = unknown / unlimited
     const std::vector<const FitDevice*>& accels() const { return accels_; }
     const FitDevice* cpu() const { return cpu_; }
+    /// The budgets candidates are planned in (a stage's later module: what the earlier ones leave).
+    const std::map<std::string, uint64_t>& budgets() const { return budgets_; }
+    void set_budgets(std::map<std::string, uint64_t> b) { budgets_ = std::move(b); }
+    /// budgets() less the devices' use in `plans` (the earlier modules of a stage), as
+    /// placement::plan_modules plans them at run time.
+    std::map<std::string, uint64_t> left_after(const std::vector<const ModulePlan*>& plans) const {
+        std::map<std::string, uint64_t> left = budgets_;
+        for (auto* p : plans)
+            for (auto& u : p->devices)
+                if (auto it = left.find(u.device); it != left.end() && it->second > 0)
+                    it->second = it->second > u.total() ? it->second - u.total() : 1;  // (0 would mean unlimited)
+        return left;
+    }
 
     /// Predicted seconds of module m under plan p (autofit.h "Cost model").
     double seconds(const FitModule& m, const ModulePlan& p, int vae_tile) const {
@@ -427,10 +440,60 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     std::vector<Shortfall> shorts(nm);
     std::vector<std::vector<Candidate>> whole(nm);  // single-accelerator device-resident candidates (tier 1 input)
 
+    // Several modules of one stage (FLUX.1's T5 and CLIP-L are both te): the runtime gives them
+    // one placement (the module's) and loads them together, so the first one's candidates are
+    // kept only where the others, planned the same way, fit beside it (per-device sums within
+    // the budgets), and the others then take its placement.
+    auto first_of_stage = [&](size_t k) {
+        for (size_t j = 0; j < k; ++j)
+            if (req.modules[j].module == req.modules[k].module) return (int)j;
+        return -1;
+    };
+    auto siblings_fit = [&](size_t k, const Candidate& c) {
+        std::map<std::string, uint64_t> sum;
+        for (auto& u : c.plan.devices) sum[u.device] += u.total();
+        const auto saved = P.budgets();
+        std::vector<ModulePlan> planned{c.plan};
+        bool ok = true;
+        for (size_t j = k + 1; j < nm && ok; ++j) {
+            if (req.modules[j].module != req.modules[k].module) continue;
+            std::vector<const ModulePlan*> before;
+            for (auto& p : planned) before.push_back(&p);
+            P.set_budgets(P.left_after(before));
+            Shortfall ignored;
+            auto o = P.evaluate(req.modules[j], c.tier, c.place, c.stream, req.modules[j].costs, 0, ignored, "sibling");
+            P.set_budgets(saved);
+            if (!o) ok = false;
+            else {
+                for (auto& u : o->plan.devices) sum[u.device] += u.total();
+                planned.push_back(o->plan);
+            }
+        }
+        if (!ok) return false;
+        for (auto& [d, b] : sum) {
+            const FitDevice* dev = P.device(d);
+            if (dev && dev->budget > 0 && b > dev->budget) {
+                log::debug("auto-fit: {} with the rest of its stage needs {:.1f} MiB of {}, budget {:.1f} MiB", c.note, mib(b), d, mib(dev->budget));
+                return false;
+            }
+        }
+        return true;
+    };
+
     for (size_t k = 0; k < nm; ++k) {
         const FitModule& m = req.modules[k];
-        const auto& pin_dev = req.pinned_devices[(size_t)m.module];
-        const auto& pin_par = req.pinned_params[(size_t)m.module];
+        auto pin_dev = req.pinned_devices[(size_t)m.module];
+        auto pin_par = req.pinned_params[(size_t)m.module];
+        const int first = first_of_stage(k);
+        const auto saved_budgets = P.budgets();
+        if (first >= 0) {  // a later module of a stage: the first one's placement, in what the earlier ones leave
+            pin_dev = cands[(size_t)first][0].place.devices;
+            pin_par = cands[(size_t)first][0].place.params;
+            std::vector<const ModulePlan*> before;
+            for (size_t j = 0; j < k; ++j)
+                if (req.modules[j].module == m.module) before.push_back(&cands[j][0].plan);
+            P.set_budgets(P.left_after(before));
+        }
         const char* mn = pmodule_name(m.module);
         const bool pinned_cpu = pin_dev.size() == 1 && P.device(pin_dev[0])->is_cpu();
         auto params_ok = [&](const std::string& v) { return !pin_par || *pin_par == v || (v != kDisk && !pin_par->empty() && !v.empty()); };
@@ -538,9 +601,11 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                     break;
                 default: break;
             }
+            if (first < 0) got.erase(std::remove_if(got.begin(), got.end(), [&](const Candidate& c) { return !siblings_fit(k, c); }), got.end());
             best_of(got);
             cands[k] = std::move(got);
         }
+        P.set_budgets(saved_budgets);
         if (cands[k].empty()) {
             const Shortfall& s = shorts[k];
             if (s.need == 0)
@@ -568,9 +633,11 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                 best = cur;
                 return;
             }
+            const int first = first_of_stage(k);
             for (size_t i = 0; i < whole[k].size(); ++i) {
                 const Candidate& c = whole[k][i];
                 const std::string& d = c.place.devices[0];
+                if (first >= 0 && whole[(size_t)first][(size_t)cur[(size_t)first]].place.devices != c.place.devices) continue;  // one placement per stage
                 const uint64_t need = c.plan.devices[0].total();
                 const uint64_t budget = P.device(d)->budget;
                 if (use[d] + need > budget) continue;
@@ -607,8 +674,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         out.tier = std::max(out.tier, c.tier);
         out.seconds += c.seconds;
         const char* mn = pmodule_name(m.module);
-        backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(c.place.devices));
-        if (!c.place.params.empty()) params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, c.place.params);
+        if (first_of_stage(k) < 0) {  // (a stage's later modules share its entry)
+            backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(c.place.devices));
+            if (!c.place.params.empty()) params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, c.place.params);
+        }
         if (c.stream) f.stream_layers = true;
         if (c.vae_tile > 0) out.vae_tile = c.vae_tile;
         for (auto& [d, b] : c.caps) {
@@ -650,10 +719,13 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                                                             (int)out.tier, tier_name(out.tier)));
     // predicted peaks as the pipeline runs (one stage at a time: the largest stage), and for
     // tier 1 the bytes of every module loaded at once (what made it tier 1)
+    std::map<PModule, std::map<std::string, uint64_t>> by_stage;  // modules of one stage add
     for (auto& c : out.choices) {
-        std::map<std::string, uint64_t> here;
+        std::map<std::string, uint64_t>& here = by_stage[c.module];
         for (auto& u : c.plan.devices) here[u.device] += u.total();
         if (c.plan.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += c.plan.host_bytes;
+    }
+    for (auto& [mod, here] : by_stage) {
         for (auto& [d, b] : here) {
             out.predicted_peak[d] = std::max(out.predicted_peak[d], b);
             if (out.tier == Tier::Resident) out.resident_bytes[d] += b;

@@ -362,7 +362,15 @@ std::vector<ModulePlan> plan_modules(const PlacementSpec& spec, const std::vecto
                                      const std::map<std::string, uint64_t>& budgets) {
     std::vector<ModulePlan> plans;
     for (auto& c : costs) {
-        plans.push_back(plan_module(c.module, spec[c.module], c.module == PModule::Diffusion && spec.stream_layers, c, budgets));
+        // a module of a stage that already has one (FLUX.1's CLIP-L after its T5: both te, loaded
+        // together) is planned in what the earlier ones leave of each budget
+        std::map<std::string, uint64_t> left = budgets;
+        for (auto& p : plans)
+            if (p.module == c.module)
+                for (auto& u : p.devices)
+                    if (auto it = left.find(u.device); it != left.end() && it->second > 0)
+                        it->second = it->second > u.total() ? it->second - u.total() : 1;  // (0 would mean unlimited)
+        plans.push_back(plan_module(c.module, spec[c.module], c.module == PModule::Diffusion && spec.stream_layers, c, left));
         plans.back().stage = pmodule_name(c.module);
     }
     check_stage_budgets(plans);

@@ -137,7 +137,8 @@ std::map<std::string, uint64_t> device_peaks(const std::vector<ModulePlan>& plan
 
 /// Plans every module of `costs` (ModuleCosts::module selects the spec entry; --stream-layers
 /// applies to the diffusion module only), each in its own stage (ModulePlan::stage = the
-/// module's name), then checks that on every device each stage's summed prediction fits the
+/// module's name; several costs of one module, such as FLUX.1's T5 and CLIP-L, share the stage
+/// and each is planned in what the earlier ones leave of the budgets), then checks that on every device each stage's summed prediction fits the
 /// device's budget (check_stage_budgets). Throws as plan_module.
 std::vector<ModulePlan> plan_modules(const PlacementSpec& spec, const std::vector<ModuleCosts>& costs,
                                      const std::map<std::string, uint64_t>& budgets);

@@ -438,6 +438,53 @@ TEST(AutoFit, ExplicitEntriesAreKept) {
     EXPECT_THROW(auto_fit(req), Error);
 }
 
+// Two modules of one stage (FLUX.1: T5 4 GiB and CLIP-L 0.25 GiB are both te; the runtime gives
+// them one placement, loads them together and plans CLIP in what T5 leaves of each budget,
+// placement::plan_modules). With a 5 GiB card both fit whole (4.1 + 0.35 GiB with compute):
+// one te entry, CUDA0's predicted peak is their sum. With 4.3 GiB, T5 alone would fit whole
+// (the control: tier 2), the pair does not; with weights in RAM, T5's segments fill the card's
+// budget and leave CLIP nothing, and there is no second card to split over, so te runs on the
+// CPU (tier 6): a plan the runtime can keep, where planning each module alone would have put
+// both on CUDA0 and failed the stage's budget at run time.
+TEST(AutoFit, ModulesOfOneStageShareAPlacementAndTheirSumFits) {
+    FitModule t5 = module(PModule::Te, 24, 4 * GiB / 24, 0, 100 * MiB, 8 * MiB, 2);
+    FitModule clip = module(PModule::Te, 12, 256 * MiB / 12, 0, 100 * MiB, 1 * MiB, 2);
+    FitModule dit = module(PModule::Diffusion, 8, 64 * MiB, 16 * MiB, 200 * MiB, 16 * MiB, 40);
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 5 * GiB)};
+    req.modules = {t5, clip, dit};
+    FitResult roomy = auto_fit(req);
+    ASSERT_EQ(roomy.choices.size(), 3u);
+    for (int i : {0, 1}) {
+        ASSERT_EQ(roomy.choices[(size_t)i].plan.segments.size(), 1u) << i;
+        EXPECT_EQ(roomy.choices[(size_t)i].plan.segments[0].device, "CUDA0") << i;
+    }
+    const uint64_t pair = roomy.choices[0].plan.devices[0].total() + roomy.choices[1].plan.devices[0].total();
+    EXPECT_EQ(pair, params(t5) + 100 * MiB + params(clip) + 100 * MiB);  // each whole: weights + compute
+    EXPECT_GE(roomy.predicted_peak.at("CUDA0"), pair);
+    EXPECT_EQ(roomy.flags.backend.find("te="), roomy.flags.backend.rfind("te=")) << roomy.flags.backend;  // one entry
+
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", GiB * 43 / 10)};
+    req.modules = {t5, dit};
+    EXPECT_EQ(choice(auto_fit(req), PModule::Te).tier, Tier::TimeShared);  // T5 alone fits
+    req.modules = {t5, clip, dit};
+    FitResult tight = auto_fit(req);
+    EXPECT_EQ(tight.choices[0].tier, Tier::Cpu);
+    EXPECT_EQ(tight.choices[1].tier, Tier::Cpu);
+    EXPECT_EQ(tight.choices[0].plan.segments[0].device, "CPU");
+    EXPECT_EQ(tight.choices[1].plan.segments[0].device, "CPU");
+    EXPECT_NE(tight.flags.backend.find("te=CPU"), std::string::npos) << tight.flags.backend;
+    // and the runtime's own planning of those flags keeps the stage within CUDA0's budget
+    expect_round_trip(tight, req.devices);
+    PlacementSpec spec = parse_placement(tight.flags, {{"CPU", "cpu", false}, {"CUDA0", "gpu", false}});
+    std::vector<ModuleCosts> costs{t5.costs, clip.costs, dit.costs};
+    costs[0].module = costs[1].module = PModule::Te;
+    EXPECT_NO_THROW(plan_modules(spec, costs, {{"CUDA0", GiB * 43 / 10}}));
+    // planned alone each te module fits CUDA0 whole, together they do not: the stage check catches it
+    PlacementSpec both = parse_placement(PlacementFlags{.backend = "te=CUDA0,diffusion=CUDA0"}, {{"CPU", "cpu", false}, {"CUDA0", "gpu", false}});
+    EXPECT_THROW(plan_modules(both, costs, {{"CUDA0", GiB * 43 / 10}}), Error);
+}
+
 // The measurement cache answers a repeated measurement from its file.
 TEST(AutoFit, MeasureCacheAnswersFromDisk) {
     const auto dir = std::filesystem::temp_directory_path() / ("easel_autofit_cache_" + std::to_string(::getpid()));
