@@ -10,26 +10,8 @@ set -u
 easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  [ -n "${KEEP_TMP:-}" ] && echo "logs kept in $tmp" || rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-
-port0=$((59000 + ($$ % 400) * 2))
-port1=$((port0 + 1))
-for port in $port0 $port1; do
-  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
-  pids+=($!)
-done
-for i in $(seq 50); do
-  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
-  sleep 0.1
-done
-rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+source "$(dirname "$0")/lib/rpc.bash"
+start_rpc_pair 59000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
 
 # check_peaks LOG CAPS: every "RPCn predicted measured" row (MiB, printed to 0.1): measured within 10% of predicted,

@@ -8,26 +8,8 @@ set -u
 easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-
-port0=$((52000 + ($$ % 400) * 2))
-port1=$((port0 + 1))
-for port in $port0 $port1; do
-  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
-  pids+=($!)
-done
-for i in $(seq 50); do
-  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
-  sleep 0.1
-done
-rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+source "$(dirname "$0")/lib/rpc.bash"
+start_rpc_pair 52000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 job=(-m "$model" -p "a cat" -W 64 -H 64 --steps 3 -s 1 -t 1 --no-cache)
 
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain run: $(tail -1 "$tmp/plain.log")"; exit 1; }

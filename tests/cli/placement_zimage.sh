@@ -11,26 +11,8 @@ set -u
 easel="$1"
 data="$2"
 model="$data/reference/zimage_tiny/diffusers"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fails=0
-
-port0=$((60000 + ($$ % 400) * 2))
-port1=$((port0 + 1))
-for port in $port0 $port1; do
-  "$easel" rpc-server --port "$port" --device CPU --threads 1 >"$tmp/rpc-$port.log" 2>&1 &
-  pids+=($!)
-done
-for i in $(seq 50); do
-  (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null && break
-  sleep 0.1
-done
-rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+source "$(dirname "$0")/lib/rpc.bash"
+start_rpc_pair 60000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 # CFG on (--cfg-scale 2): the positive and the negative caption differ in length, so the
 # transformer runs at two shapes with one loaded plan
 job=(-m "$model" -p "a red cat" -n "blurry" --cfg-scale 2 -W 64 -H 64 --steps 2 -s 1 -t 1 --no-cache)
