@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <set>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace easel::cli {
 
@@ -39,11 +41,29 @@ void quiet_ggml_log(enum ggml_log_level level, const char* text, void*) {
     if (level >= GGML_LOG_LEVEL_WARN || easel::log::level() <= easel::log::Level::Debug) std::fputs(text, stderr);
 }
 
+/// ggml aborts (GGML_ABORT / GGML_ASSERT) end the process: a remote RPC server that dies or
+/// answers garbage ends up here (ggml-rpc.cpp), and so does a failed assertion inside ggml.
+/// One line instead of a backtrace, then a non-zero exit; outputs and checkpoints are written
+/// through a temporary file and a rename, so nothing half-written is left.
+void ggml_abort_line(const char* message) {
+    std::string m = message ? message : "ggml aborted";
+    while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+    for (auto& c : m)
+        if (c == '\n') c = ' ';
+    const bool rpc = m.find("ggml-rpc") != std::string::npos || m.find("RPC server") != std::string::npos;
+    std::fprintf(stderr, "error: %s%s\n", m.c_str(),
+                 rpc ? " (an --rpc-servers server stopped or is not an easel/ggml rpc-server; restart it and run again)"
+                     : " (inside ggml: please report it with the command line)");
+    std::fflush(stderr);
+    std::_Exit(1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     using namespace easel;
     ggml_log_set(quiet_ggml_log, nullptr);
+    ggml_set_abort_callback(ggml_abort_line);
 
     CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, SDXL, FLUX, Z-Image, ...) on ggml", "easel"};
     app.set_version_flag("--version", std::string("easel ") + EASEL_VERSION + " (ggml " + EASEL_GGML_SOURCE + " " +

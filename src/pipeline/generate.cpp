@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -131,8 +132,22 @@ void apply_family_defaults(Setup& s, const models::Family& fam) {
 int vae_tile_cells(const GenerateParams& p) {
     int tx = 32, ty = 32;
     if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) < 1 || tx <= 0)
-        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y] in latent cells, e.g. 32x32", p.vae_tile_size);
+        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: expected [X]x[Y], positive latent cells, e.g. 32x32", p.vae_tile_size);
     return tx;
+}
+
+/// --vae-tiling's tile and overlap checked before anything runs (the decode would otherwise
+/// fail only after the denoising): overlap in [0, 1), and a tile that still advances.
+void check_vae_tiling(const GenerateParams& p) {
+    if (!p.vae_tiling) return;
+    const int cells = vae_tile_cells(p);
+    const float ov = p.vae_tile_overlap;
+    if (!(ov >= 0.0f && ov < 1.0f))
+        fail(ErrorKind::InvalidInput, "--vae-tile-overlap {} is outside [0, 1); use e.g. 0.5", ov);
+    const float used = std::clamp(ov, 0.0f, 0.9f);  // as tiling_options() applies it
+    if ((int64_t)((double)cells * (1.0 - (double)used)) <= 0)
+        fail(ErrorKind::InvalidInput, "--vae-tile-size {}: a tile of {} latent cells with overlap {} leaves no step between tiles; use at least {}x{}",
+             p.vae_tile_size, cells, used, (int)std::ceil(1.0 / (1.0 - (double)used)), (int)std::ceil(1.0 / (1.0 - (double)used)));
 }
 
 std::unique_ptr<models::Family> open_model(Setup& s) {
@@ -199,6 +214,8 @@ void check_output_folder(const std::string& path, const char* flag) {
     fs::path dir = fs::path(path).parent_path();
     std::error_code ec;
     if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, dir.string());
+    if (fs::is_directory(path, ec))
+        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, (fs::path(path) / "output.png").string());
 }
 
 std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
@@ -399,11 +416,35 @@ void log_peaks_after_decode(const models::Family& fam) {
 }  // namespace
 
 std::string batch_output_path(const std::string& pattern, int index, int count) {
-    if (pattern.find("%d") != std::string::npos || pattern.find("%0") != std::string::npos) {
-        char buf[4096];
-        std::snprintf(buf, sizeof buf, pattern.c_str(), index + 1);
-        return buf;
+    // The placeholders are replaced here, never by printf: the pattern is user input, and a
+    // %s or %n in it must not reach a format function.
+    std::string out;
+    bool placeholder = false;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] != '%') {
+            out += pattern[i];
+            continue;
+        }
+        if (i + 1 < pattern.size() && pattern[i + 1] == '%') {  // %% -> %
+            out += '%';
+            ++i;
+            continue;
+        }
+        size_t j = i + 1;
+        int width = 0;
+        const bool zero = j < pattern.size() && pattern[j] == '0';
+        while (j < pattern.size() && std::isdigit((unsigned char)pattern[j]) && width < 100) width = width * 10 + (pattern[j++] - '0');
+        if (j < pattern.size() && pattern[j] == 'd') {  // %d, %Nd, %0Nd
+            std::string n = std::to_string(index + 1);
+            if ((int)n.size() < width) n.insert(0, (size_t)(width - (int)n.size()), zero ? '0' : ' ');
+            out += n;
+            placeholder = true;
+            i = j;
+        } else {
+            out += '%';  // any other % stays as written
+        }
     }
+    if (placeholder) return out;
     if (index == 0 || count <= 1) return pattern;
     fs::path p(pattern);
     return (p.parent_path() / (p.stem().string() + "_" + std::to_string(index + 1) + p.extension().string())).string();
@@ -440,6 +481,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
 
     // Output folders must exist before hours of work.
     check_output_folder(batch_output_path(p.output, 0, p.batch_count), "-o");
+    check_vae_tiling(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
 

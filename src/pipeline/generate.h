@@ -70,8 +70,9 @@ const char* stage_name(Stage s);
 /// match the job (every difference named).
 std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, const ProgressFn& progress = {});
 
-/// The output path of image `index` of a batch: printf-style %d in `pattern` gets index+1;
-/// otherwise image 0 is `pattern` and image i >= 1 is `<stem>_<i+1><ext>`.
+/// The output path of image `index` of a batch: each %d, %Nd or %0Nd in `pattern` becomes
+/// index+1 (printf's meaning, but replaced here: no other % conversion is interpreted, %% is %);
+/// without one, image 0 is `pattern` and image i >= 1 is `<stem>_<i+1><ext>`.
 std::string batch_output_path(const std::string& pattern, int index, int count);
 
 }  // namespace easel::pipeline

@@ -35,6 +35,10 @@ expect_error "unknown sampler" "sampl" -m "$sd/sd_tiny.safetensors" -p x --steps
 expect_error "unknown scheduler" "schedul" -m "$sd/sd_tiny.safetensors" -p x --steps 1 --scheduler nonsense
 expect_error "unknown rng" "RNG" -m "$sd/sd_tiny.safetensors" -p x --steps 1 --rng nonsense
 expect_error "output folder missing" "does not exist" -m "$sd/sd_tiny.safetensors" -p x --steps 1 -o "$tmp/no/such/dir/x.png"
+expect_error "VAE tile that cannot advance (refused before the run)" "leaves no step" -m "$sd/sd_tiny.safetensors" -p x --steps 1 --vae-tiling --vae-tile-size 1x1
+expect_error "VAE tile overlap of 1" "outside [0, 1)" -m "$sd/sd_tiny.safetensors" -p x --steps 1 --vae-tiling --vae-tile-overlap 1.0
+mkdir -p "$tmp/adir"
+expect_error "output is a folder (refused before the run)" "is a folder" -m "$sd/sd_tiny.safetensors" -p x --steps 1 -o "$tmp/adir"
 expect_error "wrong text encoder" "text encoder" -m "$sd/sd_tiny.safetensors" --clip_l "$data/reference/clip_text_sd15_tiny.safetensors" -p x --steps 1
 expect_error "unknown weight type" "--type" -m "$sd/sd_tiny.safetensors" -p x --steps 1 --type q9_9
 
