@@ -153,7 +153,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         FitModule m;
         m.module = c.module;
         m.costs = c;
-        std::vector<std::string> key{"autofit-measure-v1", fam->name(), pmodule_name(c.module), p.weight_type, std::to_string(h), std::to_string(w),
+        std::vector<std::string> key{"autofit-measure-v2", fam->name(), pmodule_name(c.module), c.label, p.weight_type, std::to_string(h), std::to_string(w),
                                      fo.flash_attn_te ? "fa" : "", fo.flash_attn_diffusion ? "dfa" : ""};
         for (auto* path : {&files.model, &files.diffusion_model, &files.vae, &files.taesd, &files.clip_l, &files.clip_g, &files.t5xxl, &files.llm})
             key.push_back(file_stamp(*path));

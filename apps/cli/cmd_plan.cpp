@@ -68,7 +68,10 @@ EASEL_COMMAND(
             fo.vae_tile = pipeline::planned_vae_tile(*p);
             auto fam = models::open_family(files, fo);
             const int f = fam->latent_format().spatial_factor;
-            const int W = std::max(f, p->width / f * f), H = std::max(f, p->height / f * f);
+            // sizes rounded down to the family's multiple (16 for Z-Image / FLUX), as generate does
+            const int mult = fam->size_multiple();
+            if (p->width <= 0 || p->height <= 0) fail(ErrorKind::InvalidInput, "size {}x{} must be positive", p->width, p->height);
+            const int W = std::max(mult, p->width / mult * mult), H = std::max(mult, p->height / mult * mult);
             fmt::print("{}: {}\n", fam->name(), fam->describe());
             fmt::print("placement: {}\n", placement::describe(*spec));
             fmt::print("job: {}x{} pixels, latent {}x{}x{}, batch 1 per evaluation\n\n", W, H, fam->latent_format().channels, H / f, W / f);

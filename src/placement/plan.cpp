@@ -115,9 +115,12 @@ std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const
         if (cap && *cap > 0) bytes = *cap * kGiB;
         else if (cap && *cap < 0) bytes = (double)d.free_bytes + *cap * kGiB;
         else if (d.type == "cpu" && head == 0) continue;  // host RAM: unlimited unless asked
+        else if (d.free_bytes == 0 && head == 0) continue;  // free memory unknown, nothing asked: unlimited
         else bytes = (double)d.free_bytes;
         bytes -= head * kMiB;
-        out[d.name] = (uint64_t)std::max(0.0, bytes);
+        // 0 would mean "no cap": a budget the flags leave at or below nothing is 1 byte (every
+        // plan then stops with the budget named); a huge one is clamped before the conversion
+        out[d.name] = bytes >= 1.0 ? (uint64_t)std::min(bytes, 9.0e18) : 1;
     }
     return out;
 }
@@ -371,6 +374,8 @@ std::vector<ModulePlan> plan_modules(const PlacementSpec& spec, const std::vecto
                     if (auto it = left.find(u.device); it != left.end() && it->second > 0)
                         it->second = it->second > u.total() ? it->second - u.total() : 1;  // (0 would mean unlimited)
         plans.push_back(plan_module(c.module, spec[c.module], c.module == PModule::Diffusion && spec.stream_layers, c, left));
+        for (auto& u : plans.back().devices)  // the table and the stage check compare with the device's whole budget
+            if (auto it = budgets.find(u.device); it != budgets.end()) u.budget = it->second;
         plans.back().stage = pmodule_name(c.module);
     }
     check_stage_budgets(plans);

@@ -214,6 +214,19 @@ TEST(PlacementPlan, BudgetsFromMaxVramAndHeadroom) {
     EXPECT_EQ(b.at("CUDA0"), (10ull << 30) - (1536ull << 20) - (512ull << 20));
     EXPECT_EQ(b.at("CUDA1"), 2ull << 30);
     EXPECT_FALSE(b.count("CPU"));
+    // nothing left (a headroom above the free memory, free minus more than there is, a cap that
+    // rounds to nothing) is a 1-byte budget, never 0 (= no cap): every plan then stops
+    s = {};
+    s.headroom_mib["CUDA0"] = 30000;     // > 10 GiB free
+    s.max_vram_gib["CUDA1"] = -30;       // free minus 30 GiB
+    s.max_vram_gib["CPU"] = 1e-30;
+    b = placement::resolve_budgets(s, devs);
+    EXPECT_EQ(b.at("CUDA0"), 1u);
+    EXPECT_EQ(b.at("CUDA1"), 1u);
+    EXPECT_EQ(b.at("CPU"), 1u);
+    s = {};
+    s.max_vram_gib["CUDA0"] = 1e99;  // huge: clamped, not overflowed
+    EXPECT_EQ(placement::resolve_budgets(s, devs).at("CUDA0"), (uint64_t)9.0e18);
 }
 
 TEST(PlacementRunner, UnetSegmentsOnOneDeviceMatchOneGraphBitwise) {

@@ -6,6 +6,7 @@
 #include "core/strings.h"
 #include "io/diffusers.h"
 #include "placement/placed_sequence.h"
+#include "placement/row_split.h"
 #include "text/qwen_tokenizer.h"
 
 #include <algorithm>
@@ -359,6 +360,8 @@ void ZImage::load(Module m) {
             placed_dit_->placed = std::make_unique<DiTPlaced>(*placed_dit_->net, *placed_dit_->net, *placed_dit_->src, lo,
                                                               placement::PModule::Diffusion, *opt_.placement, opt_.threads,
                                                               opt_.flash_attn_diffusion);
+            // --split-mode row: the DiT's main layers on ggml's meta device (placement/row_split.h)
+            placed_dit_->placed->set_row_split(placement::zimage_row_split_rules(*placed_dit_->net));
             break;
         }
         ZImageLoadOptions lo;
@@ -591,7 +594,8 @@ std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w
         lo.weight_type = weight_type_;
         out.push_back(placement::self_contained_costs<ZImageInputs, ZImageState, ggml_tensor*>(
             placement::PModule::Diffusion, k, *k->net, *k->net, *k->src, lo, opt_.threads, opt_.flash_attn_diffusion,
-            dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L)));
+            dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L),
+            placement::zimage_row_split_rules(*k->net)));
     }
     if (kl_ && kl_->has_decoder)  // vae: the AutoencoderKL decoder
         out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, h, w, planned_tiling()));
