@@ -357,7 +357,13 @@ def train_unet(a):
     ids_of = CaptionIds(a.tok)
     params = list(unet.parameters()) + list(te.parameters())
     betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
+    if a.zsnr:  # zero terminal SNR (Lin et al. 2023, arXiv:2305.08891, algorithm 1): alpha_bar[999] = 0
+        sab = torch.cumprod(1 - betas, 0).sqrt()
+        sab = (sab - sab[-1]) * sab[0] / (sab[0] - sab[-1])
+        ab = sab ** 2
+        betas = 1 - torch.cat([ab[:1], ab[1:] / ab[:-1]])
     ac = torch.cumprod(1 - betas, 0).float().to(dev)
+    log(f"alphas_cumprod[0] {ac[0].item():.6f}, [999] {ac[-1].item():.3e}; target {'v' if a.zsnr else 'epsilon'}")
     cg = torch.Generator().manual_seed(3)
     dg = torch.Generator(device=dev).manual_seed(4)
     ng = torch.Generator(device=dev).manual_seed(5)
@@ -418,8 +424,10 @@ def train_unet(a):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ehs = te(ids).last_hidden_state
             pred = unet(zt, t, encoder_hidden_states=ehs).sample
-        mse = (pred.float() - eps).square().mean(dim=(1, 2, 3))
-        loss = mse.mean()  # logged: plain epsilon MSE, comparable with the earlier runs
+        # v = sqrt(ab) eps - sqrt(1 - ab) x0 (Salimans & Ho 2022, arXiv:2202.00512; diffusers get_velocity)
+        target = at.sqrt() * eps - (1 - at).sqrt() * z0 if a.zsnr else eps
+        mse = (pred.float() - target).square().mean(dim=(1, 2, 3))
+        loss = mse.mean()  # logged: plain MSE of the target (epsilon: comparable with the earlier runs; v with --zsnr)
         if a.min_snr:  # Min-SNR-gamma weighting (Hang et al. 2023, arXiv:2303.09556), epsilon form
             snr = at.view(B) / (1 - at.view(B))
             obj = (mse * snr.clamp(max=a.min_snr) / snr).mean()
@@ -576,18 +584,23 @@ def export_and_sample(a, vae, te, unet, ids_of, steps_done):
             "unet_preset": a.arch, "unet_config": json.dumps(UNET_CFG),
             "scaling_factor": str(SCALE), "licence": "CC0-1.0",
             "train_steps_unet": (a.history + " + " if a.history else "") + f"{steps_done} (batch {a.batch})",
-            "prediction_type": "epsilon", "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps",
+            "prediction_type": SCHED["prediction_type"],
+            "beta_schedule": "scaled_linear 0.00085..0.012, 1000 steps"
+            + (", rescaled to zero terminal SNR (Lin et al. 2023)" if a.zsnr else ""),
             "clip_skip": "1 (final layer norm output)",
             "train_steps_vae": "2040 (1458 + 582 continued), batch 32", "resolution": "256x256 (32x32 latent)",
             "tokenizer": "CLIP BPE (openai bpe_simple_vocab_16e6), 77 tokens, pad with <|endoftext|> 49407",
             "source": "tools/demo-model (easel repository)"}
+    if a.zsnr:  # ComfyUI's / Forge's markers of a v-prediction, zero-terminal-SNR single file (presence counts)
+        ldm["v_pred"] = torch.tensor(0.0)
+        ldm["ztsnr"] = torch.tensor(0.0)
     save_file(ldm, path, metadata=meta)
     log(f"exported {path}: {os.path.getsize(path) / 1e6:.2f} MB, {len(ldm)} tensors")
     summary = {"unet_steps": steps_done, "history": meta["train_steps_unet"], "batch": a.batch, "lr": a.lr,
                "warmup": a.warmup, "ema": a.ema, "train_s": getattr(a, "train_s", None),
                "pool_latents": getattr(a, "pool_n", 0), "pool_s": getattr(a, "pool_s", 0),
                "channels_last": a.channels_last, "min_snr": a.min_snr, "offset_noise": a.offset_noise,
-               "pyramid_noise": a.pyramid_noise,
+               "pyramid_noise": a.pyramid_noise, "zsnr": a.zsnr,
                "vae_from": a.vae_from, "resume": a.resume, "final_loss_smoothed": getattr(a, "loss_smoothed", None),
                "lr_schedule_steps": getattr(a, "lr_schedule_steps", None),
                "arch": a.arch, "unet_config": UNET_CFG, "text_encoder_config": TE_CFG, "vae_config": VAE_CFG,
@@ -753,6 +766,9 @@ def main():
     ap.add_argument("--pyramid-noise", type=float, default=0,
                     help="unet stage: discount of multi-resolution noise added to the noise (0: off; run 8: 0.8)")
     ap.add_argument("--min-snr", type=float, default=0, help="unet stage: Min-SNR-gamma loss weight (0: off)")
+    ap.add_argument("--zsnr", action="store_true",
+                    help="unet stage: zero-terminal-SNR betas (Lin et al. 2023) and v-prediction; the file gets the "
+                         "v_pred and ztsnr marker tensors and the samplers EulerDiscreteScheduler(rescale_betas_zero_snr)")
     ap.add_argument("--history", default="", help="unet stage: earlier training, recorded in the file's metadata")
     ap.add_argument("--arch", default="v1", choices=sorted(archs.UNET_PRESETS),
                     help="unet stage: UNet preset of tools/demo-model/archs.py (v1: runs 1-6; lowattn: run 7)")
@@ -763,6 +779,10 @@ def main():
     a = ap.parse_args()
     global UNET_CFG
     UNET_CFG = archs.UNET_PRESETS[a.arch]
+    if a.zsnr:
+        if a.min_snr:
+            ap.error("--min-snr weighs the top timestep (SNR 0) by 0 with v-prediction; leave it out with --zsnr")
+        SCHED.update(prediction_type="v_prediction", rescale_betas_zero_snr=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
