@@ -23,7 +23,7 @@
 // device) plus, for `capped`, the weight bytes uploaded per step.
 //
 //   easel-bench-multigpu [--devices CUDA0,CUDA1] [--modes single,layer,row,capped] [--size 1024]
-//                        [--tokens 128] [--type bf16|q8_0] [--cap-gib 6] [--reps 3] [--warmup 1]
+//                        [--tokens 128] [--type bf16|q8_0|f32] [--cap-gib 6] [--reps 3] [--warmup 1]
 //                        [--layers 30] [--json out.json] [--tmp-dir DIR] [--rpc-servers ...]
 //
 // With one GPU, GGML_CUDA_DEVICES=2 (this ggml's CUDA backend option) shows it as two devices.
@@ -87,7 +87,7 @@ int main_impl(int argc, char** argv) {
     app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, row, capped, autofit (default all but autofit)");
     app.add_option("--size", size, "image side in pixels, a multiple of 16 (default 1024)")->check(CLI::Range(16, 4096));
     app.add_option("--tokens", tokens, "caption tokens (default 128)")->check(CLI::Range(1, 1024));
-    app.add_option("--type", type, "matmul weight type: bf16 or q8_0 (default bf16)")->check(CLI::IsMember({"bf16", "q8_0"}));
+    app.add_option("--type", type, "matmul weight type: bf16, q8_0 or f32 (default bf16; f32: the BF16 file converted at load, cuBLAS in full F32)")->check(CLI::IsMember({"bf16", "q8_0", "f32"}));
     app.add_option("--cap-gib", cap_gib, "per-device cap of the capped and autofit modes, GiB (default 6)");
     app.add_option("--layers", layers, "main layers (default 30)")->check(CLI::Range(2, 30));
     app.add_option("--reps", reps, "timed steps per mode (default 3)")->check(CLI::Range(1, 100));
@@ -135,7 +135,7 @@ int main_impl(int argc, char** argv) {
     zi::ZImageDiT net(cfg);
     nn::TensorSource src = zi::make_tensor_source(idx, *keys, cfg);
     nn::LoadOptions lo = zi::default_load_options(idx, *keys);
-    lo.weight_type = type == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_COUNT;
+    lo.weight_type = type == "q8_0" ? GGML_TYPE_Q8_0 : type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_COUNT;
 
     const int64_t lat = size / 8, C = cfg.in_channels, D = cfg.cap_feat_dim;
     const std::vector<float> x = uniform_values((size_t)(C * lat * lat), seed ^ 0x5eedull);
