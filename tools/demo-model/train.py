@@ -317,7 +317,8 @@ def train_unet(a):
         from safetensors.torch import load_file
 
         vae = AutoencoderKL(**VAE_CFG)
-        ldm = ldm_convert.fix_te_keys(load_file(a.resume))
+        # the v_pred / ztsnr marker tensors of a --zsnr export are no model parameters
+        ldm = ldm_convert.fix_te_keys({k: v for k, v in load_file(a.resume).items() if k not in ("v_pred", "ztsnr")})
         comps = ldm_convert.ldm_to_components(ldm, unet, vae, te)
         for name, m in (("unet", unet), ("vae", vae), ("text_encoder", te)):
             sd = {k: v.float() for k, v in comps[name].items()}
