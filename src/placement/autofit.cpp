@@ -246,16 +246,7 @@ public:
                     }
                     return std::nullopt;
                 }
-                Shortfall s;
-                s.bytes = c.ram - ram_budget();
-                s.need = c.ram;
-                s.have = ram_budget();
-                s.params = c.plan.host_bytes;
-                s.compute = c.ram - c.plan.host_bytes;
-                s.where = "host RAM";
-                s.what = what;
-                s.ram = true;
-                record(sf, s);
+                record(sf, ram_shortfall(c, what));
                 return std::nullopt;
             }
             return c;
