@@ -36,8 +36,9 @@ EASEL_COMMAND(
         return [p, common]() -> int {
             cli::apply_common_options(*common);
             if (p->placement.auto_fit) {
-                // --auto-fit: the planner's choice, then the same table as explicit flags would give
-                fmt::print("{}\n", placement::format_fit(cli::apply_auto_fit(*p)));
+                // --auto-fit: the planner's choice (flags, reasons, predicted peaks), then the table
+                // below, of the plan its flags give (the same plan: printed once)
+                fmt::print("{}\n", placement::format_fit(cli::apply_auto_fit(*p), /*with_table=*/false));
             }
             auto spec = std::make_shared<placement::PlacementSpec>(placement::parse_placement(p->placement, placement::device_names()));
             for (auto& w : spec->warnings) log::warn("{}", w);

@@ -355,7 +355,7 @@ std::string describe_candidate(const Candidate& c) {
                     : fmt::format("on {}, weights read from disk per phase", where);
             break;
         }
-        case Tier::Cpu: s = "on the CPU, weights in host RAM"; break;
+        case Tier::Cpu: s = c.place.params == kDisk ? "on the CPU, weights read from the file per phase" : "on the CPU, weights in host RAM"; break;
     }
     if (c.vae_tile > 0) s += fmt::format(", tiled decode ({}x{} latent cells)", c.vae_tile, c.vae_tile);
     return s;
@@ -775,7 +775,7 @@ std::string format_fit(const FitResult& r) {
     std::string s = fmt::format("auto-fit plan (tier {}, {}), predicted {:.2f} s; as explicit flags:\n  {}\n", (int)r.tier, tier_name(r.tier), r.seconds,
                                 r.flags_line);
     for (auto& l : r.reasons) s += "  " + l + "\n";
-    s += format_plan(r.plans());
+    if (with_table) s += format_plan(r.plans());
     s += fmt::format("{:<24} {:>14}\n", "device", "peak MiB");  // as the pipeline runs: the largest stage
     for (auto& [d, b] : r.predicted_peak) s += fmt::format("{:<24} {:>14.1f}\n", d, mib(b));
     return s;

@@ -134,8 +134,10 @@ struct FitResult {
 /// that is not in `devices`.
 FitResult auto_fit(const FitRequest& req);
 
-/// The report printed before a run: the flags line, the reasons and the per-device table.
-std::string format_fit(const FitResult& r);
+/// The report printed before a run: the flags line, the reasons, the per-device table of
+/// format_plan (unless `with_table` is false: `easel plan` prints the table of the plan the
+/// flags give instead, once) and the predicted peak per device as the pipeline runs.
+std::string format_fit(const FitResult& r, bool with_table = true);
 
 /// Compute-buffer measurements cached per shape on disk, so repeated planning of the same job
 /// does not rebuild graphs. File: <dir>/autofit/<key>.json, key = cache_key(parts) over what

@@ -171,5 +171,17 @@ else
   fails=$((fails + 1))
 fi
 
+# easel plan --auto-fit prints the plan table once (before: the auto-fit report's table and the
+# plan's, the same rows twice)
+"$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/once.log" 2>&1
+n=$(grep -c "^module  *device  *blocks" "$tmp/once.log")
+rows=$(grep -c "^diffusion  *RPC" "$tmp/once.log")
+if [ "$n" = 1 ] && [ "$rows" -ge 1 ]; then
+  echo "ok   easel plan --auto-fit prints the plan table once"
+else
+  echo "FAIL easel plan --auto-fit prints $n plan tables ($rows diffusion rows)"
+  fails=$((fails + 1))
+fi
+
 [ "$fails" -eq 0 ] && echo "all auto-fit checks passed" || echo "$fails auto-fit checks failed"
 [ "$fails" -eq 0 ]
