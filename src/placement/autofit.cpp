@@ -355,7 +355,7 @@ std::string describe_candidate(const Candidate& c) {
                     : fmt::format("on {}, weights read from disk per phase", where);
             break;
         }
-        case Tier::Cpu: s = c.place.params == kDisk ? "on the CPU, weights read from the file per phase" : "on the CPU, weights in host RAM"; break;
+        case Tier::Cpu: s = "on the CPU, weights in host RAM"; break;
     }
     if (c.vae_tile > 0) s += fmt::format(", tiled decode ({}x{} latent cells)", c.vae_tile, c.vae_tile);
     return s;
@@ -393,6 +393,44 @@ std::string fmt_gib(double g) {
     while (!s.empty() && s.back() == '0') s.pop_back();
     if (!s.empty() && s.back() == '.') s.pop_back();
     return s;
+}
+
+/// The --max-vram value of the plan's flags: the user's entries, except those of a device the
+/// planner capped (its cap replaces them: it is at most the user's, whose budget the planner
+/// started from), then one DEV=GiB entry per capped device. A user entry is matched to a device
+/// as parse_placement resolves it (exact name or unique prefix, case-insensitive), so "rpc0=1"
+/// and a cap on "RPC0[127.0.0.1:50052]" give one entry, never the device twice.
+std::string merge_max_vram(const FitRequest& req, const std::map<std::string, uint64_t>& caps) {
+    std::vector<DeviceName> names;
+    for (auto& d : req.devices) names.push_back({d.name, d.type, d.name.rfind("RPC", 0) == 0});
+    std::string out;
+    size_t pos = 0;
+    const std::string& v = req.max_vram;
+    while (pos <= v.size() && !v.empty()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string e = v.substr(pos, comma - pos);
+        pos = comma + 1;
+        const size_t eq = e.find('=');
+        bool replaced = false;
+        if (eq != std::string::npos && !caps.empty()) {
+            try {
+                replaced = caps.count(resolve_device(e.substr(0, eq), names, "--max-vram")) > 0;
+            } catch (const Error&) {
+                // (an entry that names no planned device is kept as written)
+            }
+        }
+        if (!replaced && e.find_first_not_of(" \t") != std::string::npos) out += (out.empty() ? "" : ",") + e;
+        if (comma == v.size()) break;
+    }
+    for (auto& [d, b] : caps) {
+        const uint64_t head = [&] {
+            for (auto& dev : req.devices)
+                if (dev.name == d) return dev.headroom;
+            return uint64_t{0};
+        }();
+        out += fmt::format("{}{}={}", out.empty() ? "" : ",", d, fmt_gib((double)(b + head) / kGiB));
+    }
+    return out;
 }
 
 }  // namespace
@@ -728,11 +766,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     f.backend = backend;
     f.params_backend = params;
     f.headroom = req.headroom;
-    f.max_vram = req.max_vram;
-    for (auto& [d, b] : caps) {
-        const FitDevice* dev = P.device(d);
-        f.max_vram += fmt::format("{}{}={}", f.max_vram.empty() ? "" : ",", d, fmt_gib((double)(b + dev->headroom) / kGiB));
-    }
+    f.max_vram = merge_max_vram(req, caps);
     std::string line = fmt::format("--backend \"{}\"", f.backend);
     if (!f.params_backend.empty()) line += fmt::format(" --params-backend \"{}\"", f.params_backend);
     if (f.stream_layers) line += " --stream-layers";
@@ -771,7 +805,7 @@ FitResult auto_fit(const FitRequest& req) {
     fail(ErrorKind::OutOfMemory, "--auto-fit: no plan keeps every buffer within the devices' max allocation sizes; try a quantised --type");
 }
 
-std::string format_fit(const FitResult& r) {
+std::string format_fit(const FitResult& r, bool with_table) {
     std::string s = fmt::format("auto-fit plan (tier {}, {}), predicted {:.2f} s; as explicit flags:\n  {}\n", (int)r.tier, tier_name(r.tier), r.seconds,
                                 r.flags_line);
     for (auto& l : r.reasons) s += "  " + l + "\n";
