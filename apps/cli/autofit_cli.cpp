@@ -137,13 +137,21 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         req.devices.push_back(fd);
     }
 
-    // the user's explicit entries
-    const auto pin_dev = named_modules(user.backend), pin_par = named_modules(user.params_backend);
+    // the user's explicit entries. A --params-backend entry is kept as named (params_given):
+    // the spec's `params` is cleared when it names the module's default runtime device (the CPU
+    // on a machine without a GPU), but auto-fit may run the module elsewhere (an RPC device),
+    // where `diffusion=cpu` means weights in host RAM.
+    const auto pin_dev = named_modules(user.backend);
     for (int i = 0; i < kModuleCount; ++i) {
         const PModule m = (PModule)i;
         const bool dev_pinned = pin_dev[(size_t)i] || (m == PModule::Te && user.clip_on_cpu) || (m == PModule::Vae && user.vae_on_cpu);
         if (dev_pinned) req.pinned_devices[(size_t)i] = uspec[m].devices;
-        if (pin_par[(size_t)i] || user.offload_to_cpu) req.pinned_params[(size_t)i] = uspec[m].params;
+        if (uspec.params_given[(size_t)i]) {
+            std::string loc = *uspec.params_given[(size_t)i];
+            // weights on the one device the module is pinned to = on its runtime device
+            if (dev_pinned && uspec[m].devices.size() == 1 && loc == uspec[m].devices[0]) loc.clear();
+            req.pinned_params[(size_t)i] = loc;
+        }
     }
 
     // modules, their measurements cached per shape

@@ -355,7 +355,7 @@ std::string describe_candidate(const Candidate& c) {
                     : fmt::format("on {}, weights read from disk per phase", where);
             break;
         }
-        case Tier::Cpu: s = "on the CPU, weights in host RAM"; break;
+        case Tier::Cpu: s = c.place.params == kDisk ? "on the CPU, weights read from the file per phase" : "on the CPU, weights in host RAM"; break;
     }
     if (c.vae_tile > 0) s += fmt::format(", tiled decode ({}x{} latent cells)", c.vae_tile, c.vae_tile);
     return s;
@@ -585,7 +585,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                     }
                     break;
                 case Tier::LayerSplit: {
-                    if (!multi_device_ok(m.module) || !params_ok("")) break;
+                    // (a VAE decoder only over a list the user named: its need is mostly the
+                    // compute buffer, which a layer split does not shrink; weights pinned to host
+                    // RAM or another device are kept, each device's range staged / streamed)
+                    if (!(multi_device_ok(m.module) || (m.module == PModule::Vae && pin_dev.size() > 1)) || (pin_par && *pin_par == kDisk)) break;
                     std::vector<std::vector<std::string>> sets;
                     if (pin_dev.size() > 1) sets.push_back(pin_dev);
                     else if (pin_dev.empty()) {
@@ -623,7 +626,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                 case Tier::Cpu:
                     if (!P.cpu() || (!pin_dev.empty() && !pinned_cpu)) break;
                     {
-                        ModulePlacement pl{{P.cpu()->name}, "", SplitMode::Layer};
+                        // an explicit --params-backend entry is kept (disk: read from the file
+                        // per phase); host RAM is the CPU's own memory
+                        const std::string loc = pin_par && *pin_par != P.cpu()->name ? *pin_par : "";
+                        ModulePlacement pl{{P.cpu()->name}, loc, SplitMode::Layer};
                         if (auto c = P.evaluate(m, Tier::Cpu, pl, false, m.costs, 0, shorts[k], fmt::format("{} on the CPU", mn)))
                             got.push_back(std::move(*c));
                     }
@@ -741,6 +747,16 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         if (cands[k].size() > 1)
             out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
                                               cands[k].size() - 1, describe_candidate(cands[k][1]), cands[k][1].seconds));
+    }
+    // explicit entries of modules the planner was not given (not costed by the family in this
+    // build, e.g. a TAESD decoder, ControlNet, upscaler) are kept as the user wrote them
+    for (size_t i = 0; i < kModuleCount; ++i) {
+        if (std::any_of(req.modules.begin(), req.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; })) continue;
+        const char* mn = pmodule_name((PModule)i);
+        if (!req.pinned_devices[i].empty())
+            backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(req.pinned_devices[i]));
+        if (req.pinned_params[i] && !req.pinned_params[i]->empty())
+            params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, *req.pinned_params[i]);
     }
     if (out.tier == Tier::Resident) out.reasons.insert(out.reasons.begin(), "tier 1: everything resident on the accelerators at once");
     else

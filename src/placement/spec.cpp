@@ -210,6 +210,7 @@ PlacementSpec parse_placement(const PlacementFlags& f, const std::vector<DeviceN
         if (l == kDisk) spec[m].params = kDisk;
         else if (l.empty() || l == "auto" || l == "default") spec[m].params.clear();
         else spec[m].params = resolve_device(v, devs, "--params-backend");
+        spec.params_given[(size_t)m] = spec[m].params;
     });
     // params on the module's only runtime device = resident there (no staging)
     for (auto& m : spec.modules)

@@ -49,6 +49,11 @@ struct ModulePlacement {
     /// device), a device name (e.g. "CPU": host RAM, staged to the runtime device), or "disk".
     std::string params;
     SplitMode split = SplitMode::Layer;
+    /// Streaming (--stream-layers with params in host RAM): slots of the upload ring to keep
+    /// before leading blocks are made resident (placement/plan.h DeviceUse::slot_count). 0: the
+    /// default, 2 slots, leading blocks resident as the budget allows, the room left deepening
+    /// the ring. No flag sets it yet (bench/placement_bench.cpp --ring uses it).
+    int stream_slots = 0;
 };
 
 /// The raw flag values, as typed (empty = flag absent).
@@ -84,6 +89,11 @@ struct PlacementSpec {
     std::optional<double> headroom_all_mib;
     /// --stream-layers (applies to the diffusion module when its params are in host RAM).
     bool stream_layers = false;
+    /// Per module, the parameter location an entry of --params-backend (or --offload-to-cpu)
+    /// named, resolved ("" for auto/default, a ggml device name, or "disk"), before `params` is
+    /// cleared for naming the module's own runtime device; nullopt where no entry named it.
+    /// --auto-fit keeps these entries (the runtime device it picks may differ from the default).
+    std::array<std::optional<std::string>, kModuleCount> params_given;
     /// One-line warnings produced while parsing (e.g. row split falling back, ignored
     /// --stream-layers); the caller prints them.
     std::vector<std::string> warnings;

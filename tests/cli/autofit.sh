@@ -171,6 +171,30 @@ else
   fails=$((fails + 1))
 fi
 
+# explicit entries are kept: --params-backend diffusion=cpu names the default device of this
+# GPU-less machine (the spec clears it for the runtime), yet auto-fit may run the UNet on an RPC
+# device, where it means weights in host RAM: the flags must keep it (before: dropped, the UNet
+# whole on RPC0), uncapped and with caps; the run gives the plain CPU run's PNG
+job=(-m "$model" -p "a cat" -W 64 -H 64 --steps 2 -s 1 -t 1 --cache-dir "$cache")
+for mv in "" "--max-vram 0.002"; do
+  name="--params-backend diffusion=cpu kept${mv:+ ($mv)}"
+  if "$easel" generate "${job[@]}" --no-cache $rpc --auto-fit --params-backend diffusion=cpu $mv -o "$tmp/pin.png" >"$tmp/pin.log" 2>&1; then
+    flags=$(grep -m1 "^  --backend" "$tmp/pin.log")
+    if ! grep -q -- '--params-backend "[^"]*diffusion=CPU' <<<"$flags"; then
+      echo "FAIL $name: the flags line drops it ($flags)"
+      fails=$((fails + 1))
+    elif ! cmp -s "$tmp/plain64.png" "$tmp/pin.png"; then
+      echo "FAIL $name: image differs from the plain CPU run ($flags)"
+      fails=$((fails + 1))
+    else
+      echo "ok   $name: $flags"
+    fi
+  else
+    echo "FAIL $name: $(grep -i error "$tmp/pin.log" | head -1)"
+    fails=$((fails + 1))
+  fi
+done
+
 # easel plan --auto-fit prints the plan table once (before: the auto-fit report's table and the
 # plan's, the same rows twice)
 "$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/once.log" 2>&1
