@@ -525,6 +525,12 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         }
         const char* mn = pmodule_name(m.module);
         const bool pinned_cpu = pin_dev.size() == 1 && P.device(pin_dev[0])->is_cpu();
+        // a pinned device list longer than the module's blocks can never be a layer split: say
+        // so (else every tier skips it and the error blamed the memory)
+        if (const int nb = (int)m.costs.block_bytes.size(); pin_dev.size() > 1 && (int)pin_dev.size() > std::max(1, nb))
+            fail(ErrorKind::InvalidInput, "--auto-fit: {} ({}) has {} block(s) to split but --backend names {} devices for it ({}); name at most {}{}",
+                 mn, m.costs.label, nb, pin_dev.size(), join_devices(pin_dev), std::max(1, nb),
+                 nb <= 1 ? " (one device)" : "");
         auto params_ok = [&](const std::string& v) { return !pin_par || *pin_par == v || (v != kDisk && !pin_par->empty() && !v.empty()); };
         auto host_loc = [&]() { return pin_par && !pin_par->empty() && *pin_par != kDisk ? *pin_par : std::string(P.cpu() ? P.cpu()->name : "CPU"); };
         // single devices the module may run on (pinned: that one; else every accelerator, fastest first)

@@ -195,6 +195,17 @@ for mv in "" "--max-vram 0.002"; do
   fi
 done
 
+# a device list longer than the module's blocks (the tiny CLIP te has 2 layers): the error names
+# the blocks, not a memory shortfall (before: "nothing fits te: no device can run it; try a
+# quantised --type")
+out=$("$easel" plan "${job[@]}" $rpc --auto-fit --backend "te=RPC0&RPC1&CPU" 2>&1 >/dev/null | grep -i error)
+if [[ "$out" == *"block(s) to split"* ]] && [[ "$out" != *"nothing fits"* ]]; then
+  echo "ok   too many devices for te: $out"
+else
+  echo "FAIL too many devices for te: $out"
+  fails=$((fails + 1))
+fi
+
 # easel plan --auto-fit prints the plan table once (before: the auto-fit report's table and the
 # plan's, the same rows twice)
 "$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/once.log" 2>&1

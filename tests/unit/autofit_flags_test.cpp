@@ -132,6 +132,31 @@ TEST(AutoFitFlags, EntriesOfModulesNotPlannedAreKept) {
     EXPECT_EQ(r.flags.params_backend, "controlnet=disk");
 }
 
+// A pinned list longer than the module's blocks (te of 2 blocks on three devices): the error
+// names the blocks and the list, as an input error. Before: "nothing fits te: no device can
+// run it; try a quantised --type or other devices" (an out-of-memory message).
+TEST(AutoFitFlags, TooManyPinnedDevicesNamesTheBlocks) {
+    FitRequest req;
+    req.devices = {dev("CPU", "cpu", 16 * GiB), dev("RPC0", "gpu", 4 * GiB), dev("RPC1", "gpu", 4 * GiB), dev("RPC2", "gpu", 4 * GiB)};
+    req.modules = {module(PModule::Te, 2, 10 * MiB, MiB, 20 * MiB, MiB), module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB)};
+    req.pinned_devices[(size_t)PModule::Te] = {"RPC0", "RPC1", "RPC2"};
+    try {
+        auto_fit(req);
+        FAIL() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::InvalidInput) << e.what();
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("has 2 block(s) to split"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("RPC0&RPC1&RPC2"), std::string::npos) << msg;
+        EXPECT_EQ(msg.find("nothing fits"), std::string::npos) << msg;
+    }
+    // unpinned, three devices for a 2-block module: sets larger than the blocks are not tried, the
+    // job plans (te whole on one device)
+    req.pinned_devices[(size_t)PModule::Te].clear();
+    FitResult r = auto_fit(req);
+    EXPECT_EQ(choice(r, PModule::Te).plan.devices.size(), 1u);
+}
+
 // A device the planner caps (a 2 GiB max allocation lowers Vulkan0's budget, written as a
 // --max-vram cap) that the user's --max-vram also names ("vulkan0=8", by prefix and in lower
 // case): the flags name it once, with the planner's cap; the user's other entries stay.
