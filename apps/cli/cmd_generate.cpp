@@ -75,8 +75,16 @@ EASEL_COMMAND(
             log::info("timings: load {:.2f} s, text encoding {:.2f} s, denoising {:.2f} s ({} steps, {:.3f} s/it), VAE {:.2f} s",
                       rep.load_s, rep.te_s, steps_total, rep.step_s.size(),
                       rep.step_s.empty() ? 0.0 : steps_total / (double)rep.step_s.size(), rep.vae_s);
-            log::info("memory on {}: parameters {}, largest compute buffer {}; host peak RSS {}", rep.device, mib(rep.param_bytes),
-                      mib(rep.compute_peak_bytes), mib(rep.host_peak_rss_bytes));
+            if (rep.placed_peak_bytes.empty()) {
+                log::info("memory on {}: parameters {}, largest compute buffer {}; host peak RSS {}", rep.device, mib(rep.param_bytes),
+                          mib(rep.compute_peak_bytes), mib(rep.host_peak_rss_bytes));
+            } else {
+                // placed modules: no one device holds every module; the measured peak per device
+                std::string peaks;
+                for (auto& [d, b] : rep.placed_peak_bytes) peaks += fmt::format("{}{} {}", peaks.empty() ? "" : ", ", d, mib(b));
+                log::info("memory: parameters {} over all modules, largest compute buffer {}; measured peak per device: {}; host peak RSS {}",
+                          mib(rep.param_bytes), mib(rep.compute_peak_bytes), peaks, mib(rep.host_peak_rss_bytes));
+            }
             for (auto& o : rep.outputs) std::printf("%s\n", o.c_str());
             return 0;
         };

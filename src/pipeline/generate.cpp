@@ -261,7 +261,7 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     StageMeter meter;
     PromptConditioning c = encode_prompts(fam, p.prompt, p.negative_prompt, clip_skip, need_negative);
     log_stage("encode-prompt", fam, {Module::Te}, meter);
-    if (rep) rep->param_bytes += fam.param_bytes(Module::Te);
+    if (rep) rep->param_bytes += module_bytes(fam, Module::Te).params;
     if (cache || !p.save_embeddings.empty()) c.model_fingerprint = model_fingerprint(fam.module_files(Module::Te), p.full_fingerprint);
     fam.unload(Module::Te);
     if (cache) cache->put(key, conditioning_artifact(c));
@@ -396,7 +396,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
         out.push_back(std::move(r.latent));
     }
     log_stage("denoise", fam, {Module::Diffusion}, meter);
-    if (param_bytes) *param_bytes += fam.param_bytes(Module::Diffusion);
+    if (param_bytes) *param_bytes += module_bytes(fam, Module::Diffusion).params;
     if (auto plans = fam.placement_plans(); !plans.empty())
         log::info("placement: peak bytes per device, measured beside the plan's prediction:\n{}",
                   placement::format_peaks(plans, fam.placement_peaks()));
@@ -626,7 +626,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     if (masked_dist) in.masked_posterior = &*masked_dist;
     std::vector<std::string> infotexts;
     auto latents = denoise_batch(*fam, s, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes);
-    rep.compute_peak_bytes = std::max({fam->compute_bytes(Module::Te), fam->compute_bytes(Module::Diffusion)});
+    rep.compute_peak_bytes = std::max(module_bytes(*fam, Module::Te).compute, module_bytes(*fam, Module::Diffusion).compute);
 
     // Stage 4: decode.
     auto tv = Clock::now();
@@ -639,9 +639,11 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         rep.outputs.push_back(path);
     }
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
-    rep.param_bytes += fam->param_bytes(Module::VaeDecoder);
+    rep.param_bytes += module_bytes(*fam, Module::VaeDecoder).params;
+    rep.compute_peak_bytes = std::max(rep.compute_peak_bytes, module_bytes(*fam, Module::VaeDecoder).compute);
     fam->unload(Module::VaeDecoder);
     log_peaks_after_decode(*fam);
+    rep.placed_peak_bytes = fam->placement_peaks();
     rep.vae_s += since(tv);
     rep.host_peak_rss_bytes = peak_rss();
     return rep;

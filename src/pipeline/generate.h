@@ -10,7 +10,9 @@
 
 #include "pipeline/generate_params.h"
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,10 @@ struct GenerateReport {
     size_t param_bytes = 0;             ///< parameter bytes loaded on that device
     size_t compute_peak_bytes = 0;      ///< largest measured compute buffer
     size_t host_peak_rss_bytes = 0;     ///< peak resident set size of the process
+    /// Modules run under placement plans: the measured peak bytes per device over the job
+    /// (Family::placement_peaks(); `device` and `param_bytes` then describe no single device);
+    /// empty when nothing ran under a plan.
+    std::map<std::string, uint64_t> placed_peak_bytes;
     bool conditioning_cached = false;   ///< the conditioning came from the cache
     double te_saved_s = 0;              ///< encode time the cache hit saved (as stored)
 };

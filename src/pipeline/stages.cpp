@@ -6,6 +6,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -486,12 +487,43 @@ StageMeter::StageMeter() : t0_(now_s()) {
 size_t StageMeter::peak_rss() const { return read_vm_hwm(); }
 double StageMeter::seconds() const { return now_s() - t0_; }
 
+ModuleBytes module_bytes(const models::Family& fam, models::Module m) {
+    using placement::PModule;
+    std::optional<PModule> pm;
+    switch (m) {
+    case models::Module::Te: pm = PModule::Te; break;
+    case models::Module::Diffusion: pm = PModule::Diffusion; break;
+    case models::Module::VaeDecoder: pm = PModule::Vae; break;
+    case models::Module::VaeEncoder: break;  // (runs whole: not placed)
+    }
+    ModuleBytes b;
+    if (pm)
+        for (auto& p : fam.placement_plans()) {
+            if (p.module != *pm) continue;
+            for (auto& s : p.segments) b.params += s.param_bytes;
+            for (auto& u : p.devices) {
+                b.compute = std::max<size_t>(b.compute, u.compute);
+                if (std::find(b.devices.begin(), b.devices.end(), u.device) == b.devices.end()) b.devices.push_back(u.device);
+            }
+        }
+    if (b.devices.empty()) {
+        b.params = fam.param_bytes(m);
+        b.compute = fam.compute_bytes(m);
+    }
+    return b;
+}
+
 void log_stage(const std::string& stage, const models::Family& fam, std::initializer_list<models::Module> modules,
                const StageMeter& meter) {
     std::string parts;
-    for (auto m : modules)
-        parts += fmt::format("{}{} parameters {}, compute {}", parts.empty() ? "" : "; ", models::module_name(m), mib(fam.param_bytes(m)),
-                             mib(fam.compute_bytes(m)));
+    for (auto m : modules) {
+        const ModuleBytes b = module_bytes(fam, m);
+        std::string where;
+        for (auto& d : b.devices) where += (where.empty() ? " (placed on " : ", ") + d;
+        if (!where.empty()) where += ")";
+        parts += fmt::format("{}{} parameters {}, compute {}{}", parts.empty() ? "" : "; ", models::module_name(m), mib(b.params), mib(b.compute),
+                             where);
+    }
     log::info("stage {}: {:.2f} s; {}{}host peak RSS {}", stage, meter.seconds(), parts, parts.empty() ? "" : "; ", mib(meter.peak_rss()));
 }
 

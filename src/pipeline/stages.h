@@ -181,7 +181,21 @@ private:
     double t0_;
 };
 
-/// One log line: "<stage>: <s> s; <module> parameters X MiB, compute Y MiB; host peak RSS Z MiB".
+/// Parameter and compute-buffer bytes of one module of a job.
+struct ModuleBytes {
+    size_t params = 0;   ///< parameter bytes (placed: every segment's, on whichever device or in RAM)
+    size_t compute = 0;  ///< largest compute buffer (placed: the largest of its devices')
+    std::vector<std::string> devices;  ///< placed: the devices its plans ran on; empty otherwise
+};
+
+/// The bytes of module `m`: when it ran under placement plans (Family::placement_plans() holds
+/// plans of it: FLUX.1's te has two, T5 and CLIP-L), from those plans, whose figures are the
+/// module's own (the family's param_bytes / compute_bytes count only modules loaded whole and
+/// are 0 for placed ones); else from the family (loaded modules only).
+ModuleBytes module_bytes(const models::Family& fam, models::Module m);
+
+/// One log line: "<stage>: <s> s; <module> parameters X MiB, compute Y MiB; host peak RSS Z MiB"
+/// (module_bytes; a placed module's line names its devices).
 void log_stage(const std::string& stage, const models::Family& fam, std::initializer_list<models::Module> modules,
                const StageMeter& meter);
 

@@ -218,5 +218,27 @@ else
   fails=$((fails + 1))
 fi
 
+# after a placed run each stage's line gives its own module's parameters, as its plan table (before:
+# 0.0 MiB for every placed te / diffusion module, and the closing line named one device with the
+# VAE's parameters), and the closing memory line the measured peak per device
+"$easel" generate "${job[@]}" --no-cache $rpc --backend "te=RPC0,diffusion=RPC0&RPC1,vae=RPC1" -o "$tmp/sum.png" >"$tmp/sum.log" 2>&1
+for m in te diffusion vae; do
+  planned=$(awk -v m="$m" '/^placement plan for the / { on = ($5 == m); if (on) s = 0; next }
+                           on && $1 == m && NF >= 10 { s += $4 } END { printf "%.1f", s }' "$tmp/sum.log")
+  stated=$(grep -o "; $m parameters [0-9.]* MiB" "$tmp/sum.log" | tail -1 | awk '{ print $4 }')
+  if [ -n "$stated" ] && awk -v a="$planned" -v b="$stated" 'BEGIN { exit !(b > 0 && a - b < 0.15 && b - a < 0.15) }'; then
+    echo "ok   stage line of $m: parameters $stated MiB = its plan's $planned MiB"
+  else
+    echo "FAIL stage line of $m: parameters '${stated}' MiB, its plan's $planned MiB"
+    fails=$((fails + 1))
+  fi
+done
+if grep -q "measured peak per device: RPC0[^,]* [0-9.]* MiB, RPC1" "$tmp/sum.log"; then
+  echo "ok   closing memory line: $(grep -o 'measured peak per device: [^;]*' "$tmp/sum.log")"
+else
+  echo "FAIL closing memory line: $(grep '^.*memory' "$tmp/sum.log" | tail -1)"
+  fails=$((fails + 1))
+fi
+
 [ "$fails" -eq 0 ] && echo "all auto-fit checks passed" || echo "$fails auto-fit checks failed"
 [ "$fails" -eq 0 ]
