@@ -46,8 +46,8 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--sampler-rng", p.sampler_rng, "RNG of ancestral samplers (default: --rng)")->group(g);
 
     g = "Image";
-    app.add_option("-W,--width", p.width, "Width in pixels (default 512; rounded to a multiple of 8)")->group(g);
-    app.add_option("-H,--height", p.height, "Height in pixels (default 512; rounded to a multiple of 8)")->group(g);
+    app.add_option("-W,--width", p.width, "Width in pixels (default 512; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")->group(g);
+    app.add_option("-H,--height", p.height, "Height in pixels (default 512; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")->group(g);
     app.add_option("-b,--batch-count", p.batch_count, "Number of images (seeds seed, seed+1, ...)")->check(CLI::Range(1, 10000))->group(g);
     app.add_option("-o,--output", p.output, "Output PNG (default output.png; printf-style %d for batches)")->group(g);
     app.add_option("-i,--init-img", p.init_img, "Init image for img2img")->group(g);

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     ggml_log_set(quiet_ggml_log, nullptr);
     ggml_set_abort_callback(ggml_abort_line);
 
-    CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, SDXL, FLUX, Z-Image, ...) on ggml", "easel"};
+    CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, FLUX.1, FLUX.2 Klein, Z-Image; SDXL is detected but not run yet) on ggml", "easel"};
     app.set_version_flag("--version", std::string("easel ") + EASEL_VERSION + " (ggml " + EASEL_GGML_SOURCE + " " +
                                           std::string(EASEL_GGML_COMMIT).substr(0, 12) + ")");
     app.require_subcommand(0, 1);

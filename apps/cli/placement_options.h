@@ -17,7 +17,7 @@ inline void add_placement_options(CLI::App& app, placement::PlacementFlags& f) {
                    "A&B splits a module over devices; auto, gpu")
         ->group(g);
     app.add_option("--params-backend", f.params_backend, "Where weights live: same syntax as --backend plus disk (no device lists)")->group(g);
-    app.add_option("--split-mode", f.split_mode, "layer or row (global or MODULE=MODE,...); row: tensor parallelism on ggml's meta device where the module has rules (Z-Image DiT, SD UNet), else layer split with a warning")->group(g);
+    app.add_option("--split-mode", f.split_mode, "layer or row (global or MODULE=MODE,...); row: tensor parallelism on ggml's meta device where the module has rules (the SD UNet, the Z-Image, FLUX.1 and FLUX.2 Klein DiTs), else layer split with a warning")->group(g);
     app.add_option("--max-vram", f.max_vram, "Budget in GiB, global or DEV=GiB,...; 0 = no cap; negative = free memory minus N GiB")->group(g);
     app.add_option("--headroom", f.headroom, "MiB kept free per device, global or DEV=MiB,... (default 0)")->group(g);
     app.add_flag("--stream-layers", f.stream_layers, "Stream diffusion blocks from RAM to the device (with --params-backend diffusion=cpu)")->group(g);
