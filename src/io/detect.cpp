@@ -686,6 +686,19 @@ Detection detect(const std::vector<TensorInfo>& ts, const std::map<std::string, 
             c.param_bytes += t->nbytes;
             c.params += t->numel();
         }
+        // ComfyUI's / Forge's marker tensors of v-prediction / zero-terminal-SNR single files
+        // (0-d, outside every component prefix; presence counts).
+        const bool only_markers = !v.names.empty() && std::all_of(v.names.begin(), v.names.end(), [&](const std::string& n) {
+            return pre.empty() && (n == "v_pred" || n == "ztsnr");
+        });
+        if (only_markers) {
+            c.role = "markers";
+            c.kind = "other";
+            c.detail = "ComfyUI/Forge marker tensors:";
+            for (auto& n : v.names) c.detail += n == "v_pred" ? " v_pred (v-prediction)" : " ztsnr (zero terminal SNR)";
+            d.components.push_back(std::move(c));
+            continue;
+        }
         Verdict r = classify(v, meta, cfg);
         std::string role_hint;
         for (auto& [p, role] : known_prefixes())
@@ -739,6 +752,25 @@ Detection detect(const std::vector<TensorInfo>& ts, const std::map<std::string, 
     } else {
         d.family = "unknown";
         d.notes.push_back("no known layout matched: not a diffusion model, VAE, text encoder, LoRA, embedding or upscaler easel knows");
+    }
+    // The markers (and for SD1.x the prediction_type metadata, which SD2.x's classify reads)
+    // name the prediction and the schedule of SD-family files.
+    if (d.family == "SD1.x" || d.family == "SD2.x" || d.family == "SDXL") {
+        bool v_pred = false, ztsnr = false;
+        for (auto& t : weights) {
+            v_pred |= t.name == "v_pred";
+            ztsnr |= t.name == "ztsnr";
+        }
+        const std::string mp = ascii_lower(meta_str(meta, "prediction_type") + meta_str(meta, "modelspec.prediction_type"));
+        auto add = [&](const std::string& what) {
+            if (!contains(d.variant, what)) d.variant = d.variant.empty() ? what : d.variant + ", " + what;
+        };
+        if (v_pred || (d.family != "SD2.x" && contains(mp, "v"))) add("v-prediction");
+        if (ztsnr) add("zero terminal SNR");
+        if (v_pred || ztsnr)
+            d.notes.push_back(fmt::format("marker tensors{}{} (ComfyUI/Forge): {}{}{}", v_pred ? " v_pred" : "", ztsnr ? " ztsnr" : "",
+                                          v_pred ? "v-prediction" : "", v_pred && ztsnr ? ", " : "",
+                                          ztsnr ? "betas rescaled to zero terminal SNR (Lin et al. 2023)" : ""));
     }
     // Hints from metadata / config.
     if (auto it = meta.find("general.architecture"); it != meta.end() && it->second.kind == MetaValue::Kind::String)

@@ -255,6 +255,7 @@ sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job
     sampling::Schedule s;
     s.sigmas.assign(full.sigmas.begin() + start, full.sigmas.end());
     s.timesteps.assign(full.timesteps.begin() + start, full.timesteps.end());
+    if (start == 0) s.init_noise_sigma = full.init_noise_sigma;
     return s;
 }
 
@@ -339,7 +340,10 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
         sampler.emplace(*control.resume);
         res.resumed_at = control.resume->step;
     } else {
-        std::vector<float> x = sampling::noise_latent(pure_noise ? std::vector<float>{} : x0, noise, schedule.sigmas[0], flow);
+        // Pure noise is scaled by the schedule's init_noise_sigma (diffusers: sigmas[0], except
+        // EulerDiscreteScheduler's leading spacing, sqrt(sigmas[0]^2 + 1)).
+        std::vector<float> x = pure_noise ? sampling::noise_latent({}, noise, schedule.initial_sigma(), flow)
+                                          : sampling::noise_latent(x0, noise, schedule.sigmas[0], flow);
         sampling::Rng srng = job.sampler_rng == job.rng ? rng : sampling::Rng(job.sampler_rng, (uint64_t)job.seed);
         sampler.emplace(job.method, schedule, std::vector<int64_t>{1, C, h, w}, std::move(x), srng, flow, job.eta);
     }

@@ -62,7 +62,8 @@ const char* prediction_name(Prediction p) {
 
 // ---------------------------------------------------------------------------------------
 
-ModelSampling ModelSampling::discrete(Prediction prediction, double beta_start, double beta_end, int timesteps) {
+ModelSampling ModelSampling::discrete(Prediction prediction, double beta_start, double beta_end, int timesteps,
+                                      bool zero_terminal_snr) {
     if (prediction == Prediction::Flow)
         fail(ErrorKind::InvalidInput, "ModelSampling::discrete needs eps or v prediction; use ModelSampling::flow for flow models");
     if (timesteps < 2 || timesteps > 100000)
@@ -71,22 +72,51 @@ ModelSampling ModelSampling::discrete(Prediction prediction, double beta_start, 
         fail(ErrorKind::InvalidInput, "betas must satisfy 0 < beta_start < beta_end < 1, got {} .. {}", beta_start, beta_end);
     ModelSampling ms;
     ms.prediction_ = prediction;
+    ms.zsnr_ = zero_terminal_snr;
+    const size_t T = static_cast<size_t>(timesteps);
     // torch.linspace(beta_start**0.5, beta_end**0.5, T, dtype=float32) ** 2 (scalar kernel rule).
     const float start = static_cast<float>(std::sqrt(beta_start));
     const float end = static_cast<float>(std::sqrt(beta_end));
     const float step = (end - start) / static_cast<float>(timesteps - 1);
     const int halfway = timesteps / 2;
-    double cumprod = 1.0;
-    ms.table_.resize(static_cast<size_t>(timesteps));
-    ms.log_table_.resize(static_cast<size_t>(timesteps));
+    std::vector<float> betas(T);
     for (int i = 0; i < timesteps; ++i) {
         const float sb = i < halfway ? start + step * static_cast<float>(i)
                                      : end - step * static_cast<float>(timesteps - i - 1);
-        const float beta = sb * sb;
-        const float alpha = 1.0f - beta;
-        cumprod *= alpha;  // torch CPU cumprod accumulates float in double
-        const float ac = static_cast<float>(cumprod);
-        const float sigma = std::sqrt((1.0f - ac) / ac);
+        betas[i] = sb * sb;
+    }
+    // alphas_cumprod = cumprod(1 - betas): torch's CPU cumprod accumulates float in double.
+    auto cumprod = [&](std::vector<float>& ac) {
+        double acc = 1.0;
+        ac.resize(T);
+        for (size_t i = 0; i < T; ++i) {
+            acc *= static_cast<double>(1.0f - betas[i]);
+            ac[i] = static_cast<float>(acc);
+        }
+    };
+    std::vector<float> ac;
+    cumprod(ac);
+    if (zero_terminal_snr) {
+        // diffusers rescale_zero_terminal_snr, every step in float32 (torch tensors).
+        std::vector<float> sq(T);
+        for (size_t i = 0; i < T; ++i) sq[i] = std::sqrt(ac[i]);
+        const float s0 = sq[0], sT = sq[T - 1];
+        const float scale = s0 / (s0 - sT);
+        for (size_t i = 0; i < T; ++i) {
+            sq[i] = sq[i] - sT;
+            sq[i] = sq[i] * scale;
+        }
+        std::vector<float> ab(T);
+        for (size_t i = 0; i < T; ++i) ab[i] = sq[i] * sq[i];
+        betas[0] = 1.0f - ab[0];
+        for (size_t i = 1; i < T; ++i) betas[i] = 1.0f - ab[i] / ab[i - 1];
+        cumprod(ac);
+        ac[T - 1] = 0x1p-24f;  // EulerDiscreteScheduler: close to 0 so that the first sigma is finite
+    }
+    ms.table_.resize(T);
+    ms.log_table_.resize(T);
+    for (size_t i = 0; i < T; ++i) {
+        const float sigma = std::sqrt((1.0f - ac[i]) / ac[i]);
         ms.table_[i] = sigma;
         ms.log_table_[i] = std::log(sigma);
     }
@@ -288,6 +318,10 @@ Schedule make_schedule(const ModelSampling& ms, SchedulerKind kind, int n, const
                 s.sigmas.push_back(static_cast<float>(interp_table(table, t)));
             }
             s.sigmas.push_back(0.0f);
+            // EulerDiscreteScheduler.init_noise_sigma: max sigma for linspace / trailing,
+            // (max^2 + 1)^0.5 for leading (float32 tensor arithmetic).
+            const float mx = *std::max_element(s.sigmas.begin(), s.sigmas.end());
+            s.init_noise_sigma = opt.spacing == Spacing::Leading ? std::sqrt(mx * mx + 1.0f) : mx;
             return s;
         }
         case SchedulerKind::Karras:

@@ -34,8 +34,16 @@ public:
     /// alphas_cumprod = cumprod(1 - betas) (float64 accumulation, stored float32),
     /// sigmas = sqrt((1 - ac)/ac) in float32, as diffusers' EulerDiscreteScheduler.__init__.
     /// prediction must be Eps or V. Throws Error(InvalidInput) on bad arguments.
+    ///
+    /// zero_terminal_snr: the betas rescaled so that the last timestep has zero SNR (Lin et al.
+    /// 2023, "Common Diffusion Noise Schedules and Sample Steps are Flawed", arXiv:2305.08891,
+    /// algorithm 1), in float32 as diffusers' rescale_zero_terminal_snr
+    /// (schedulers/scheduling_euler_discrete.py): sqrt(alphas_cumprod) shifted so its last value
+    /// is 0 and scaled so its first is unchanged, betas recovered from the ratios; then, as
+    /// EulerDiscreteScheduler.__init__ does, alphas_cumprod[T-1] = 2^-24 so that sigma_max is
+    /// finite (4095.9998 for T = 1000). Such models are trained with v-prediction.
     static ModelSampling discrete(Prediction prediction = Prediction::Eps, double beta_start = 0.00085,
-                                  double beta_end = 0.012, int timesteps = 1000);
+                                  double beta_end = 0.012, int timesteps = 1000, bool zero_terminal_snr = false);
     /// A rectified-flow model with a static shift (SD3: 3.0, Z-Image: 3.0, FLUX schnell: 1.0):
     /// sigma(t) = shift*s / (1 + (shift-1)*s), s = t/timesteps
     /// (diffusers FlowMatchEulerDiscreteScheduler, ComfyUI time_snr_shift).
@@ -46,6 +54,8 @@ public:
     static ModelSampling flow_dynamic(double mu, int timesteps = 1000);
 
     Prediction prediction() const { return prediction_; }
+    /// True for a discrete model whose betas were rescaled to zero terminal SNR.
+    bool zero_terminal_snr() const { return zsnr_; }
     bool is_flow() const { return prediction_ == Prediction::Flow; }
     int num_timesteps() const { return static_cast<int>(table_.size()); }
     bool dynamic() const { return dynamic_; }
@@ -73,6 +83,7 @@ public:
 private:
     Prediction prediction_ = Prediction::Eps;
     bool dynamic_ = false;
+    bool zsnr_ = false;
     double shift_ = 1.0, mu_ = 0.0;
     std::vector<float> table_, log_table_;
 };
@@ -109,7 +120,14 @@ Spacing parse_spacing(std::string_view name);
 struct Schedule {
     std::vector<float> sigmas;     ///< n+1 values, non-increasing, sigmas[n] = 0 (float32 as diffusers)
     std::vector<float> timesteps;  ///< n network timesteps, timesteps[i] for sigmas[i]
+    /// The scale of the initial pure-noise latent (x = init_noise_sigma * noise; diffusers'
+    /// scheduler.init_noise_sigma). make_schedule sets it: for Discrete on a discrete model as
+    /// EulerDiscreteScheduler.init_noise_sigma, max(sigmas) for linspace / trailing spacing and
+    /// sqrt(max(sigmas)^2 + 1) for leading; sigmas[0] for every other kind. 0 = sigmas[0].
+    float init_noise_sigma = 0.0f;
     int steps() const { return static_cast<int>(timesteps.size()); }
+    /// init_noise_sigma, or sigmas[0] when it is 0 (0 for an empty schedule).
+    float initial_sigma() const { return init_noise_sigma > 0 ? init_noise_sigma : (sigmas.empty() ? 0.0f : sigmas[0]); }
 };
 
 /// Knobs of make_schedule.

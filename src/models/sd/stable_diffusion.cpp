@@ -170,8 +170,12 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     if (!m->kl_ && m->taesd_path_.empty())
         fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass one with --vae FILE", m->vae_flag_.empty() ? m->unet_flag_ : m->vae_flag_);
 
-    // Noise process and prediction type.
+    // Noise process and prediction type: a diffusers folder's scheduler_config.json; in a single
+    // file ComfyUI's / Forge's marker tensors (`v_pred`: v-prediction, `ztsnr`: zero terminal
+    // SNR; their presence counts, ComfyUI model_detection.py) or the prediction_type metadata;
+    // SD2.x files without either get the test evaluation.
     double beta_start = 0.00085, beta_end = 0.012;
+    bool zsnr = false;
     sampling::Prediction pred = sampling::Prediction::Eps;
     m->pred_src_ = "SD1.x default";
     if (m->sched_cfg_) {
@@ -185,17 +189,50 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
             pred = p == "v_prediction" ? sampling::Prediction::V : sampling::Prediction::Eps;
             m->pred_src_ = "scheduler_config.json";
         }
-    } else if (m->is_sd2()) {
-        pred = sampling::Prediction::V;
-        m->pred_src_ = "test evaluation";
-        m->pred_pending_ = true;
+        if (sc.contains("rescale_betas_zero_snr") && sc["rescale_betas_zero_snr"].is_boolean() && sc["rescale_betas_zero_snr"].get<bool>()) {
+            zsnr = true;
+            m->zsnr_src_ = "scheduler_config.json";
+        }
+        if (sc.contains("timestep_spacing") && sc["timestep_spacing"].is_string())
+            m->sched_opt_.spacing = sampling::parse_spacing(sc["timestep_spacing"].get<std::string>());
+        if (sc.contains("steps_offset") && sc["steps_offset"].is_number_integer())
+            m->sched_opt_.steps_offset = sc["steps_offset"].get<int>();
+    } else {
+        const io::WeightIndex& ui = *m->unet_idx_;
+        std::string meta_pred;
+        for (const char* k : {"prediction_type", "modelspec.prediction_type"})
+            if (auto it = ui.metadata().find(k); it != ui.metadata().end() && it->second.kind == io::MetaValue::Kind::String)
+                meta_pred = ascii_lower(it->second.s);
+        if (ui.contains("v_pred")) {
+            pred = sampling::Prediction::V;
+            m->pred_src_ = "v_pred tensor";
+        } else if (meta_pred == "v_prediction" || meta_pred == "v") {
+            pred = sampling::Prediction::V;
+            m->pred_src_ = "file metadata";
+        } else if (meta_pred == "epsilon" || meta_pred == "eps") {
+            m->pred_src_ = "file metadata";
+        } else if (m->is_sd2()) {
+            pred = sampling::Prediction::V;
+            m->pred_src_ = "test evaluation";
+            m->pred_pending_ = true;
+        }
+        if (ui.contains("ztsnr")) {
+            zsnr = true;
+            m->zsnr_src_ = "ztsnr tensor";
+        }
     }
     if (!opt.prediction.empty()) {
         pred = sampling::parse_prediction(opt.prediction);
         m->pred_src_ = "--prediction";
         m->pred_pending_ = false;
     }
-    m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start, beta_end));
+    if (zsnr && pred == sampling::Prediction::Eps && !m->pred_pending_)
+        log::warn("{}: zero-terminal-SNR schedule ({}) with eps prediction: such models are trained with v-prediction (give --prediction v if the output is noise)",
+                  m->unet_flag_, m->zsnr_src_);
+    m->beta_start_ = beta_start;
+    m->beta_end_ = beta_end;
+    m->zsnr_ = zsnr;
+    m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start, beta_end, 1000, zsnr));
     return m;
 }
 
@@ -214,7 +251,7 @@ void StableDiffusion::detect_prediction() {
     for (size_t i = 0; i < out.size(); ++i) mean += out[i] - 0.5;
     mean /= (double)out.size();
     auto pred = mean < -1.0 ? sampling::Prediction::V : sampling::Prediction::Eps;
-    ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, 0.00085, 0.012));
+    ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start_, beta_end_, 1000, zsnr_));
 }
 
 const sampling::ModelSampling& StableDiffusion::model_sampling() const {
@@ -229,7 +266,11 @@ std::string StableDiffusion::name() const {
 std::string StableDiffusion::describe() const {
     std::string pred = pred_pending_ ? "eps/v (found by a test evaluation when sampling)"
                                      : std::string(sampling::prediction_name(ms_->prediction())) + " (" + pred_src_ + ")";
-    return fmt::format("{} ({}), UNet {}, {} prediction{}", name(), model_desc_, ucfg_.summary(), pred,
+    std::string sched;
+    if (zsnr_) sched += ", zero terminal SNR (" + zsnr_src_ + ")";
+    if (sched_opt_.spacing != sampling::Spacing::Linspace)
+        sched += sched_opt_.spacing == sampling::Spacing::Leading ? ", leading timestep spacing" : ", trailing timestep spacing";
+    return fmt::format("{} ({}), UNet {}, {} prediction{}{}", name(), model_desc_, ucfg_.summary(), pred, sched,
                        te_desc_.empty() ? "" : ", text encoder " + te_desc_);
 }
 

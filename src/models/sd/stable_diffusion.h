@@ -58,7 +58,16 @@ public:
     /// The noise process: discrete betas from the scheduler config when given, else SD's. For an
     /// SD2.x file without a scheduler config the prediction type (eps or v) is found by a test
     /// evaluation of the UNet, which loads Module::Diffusion on the first call.
+    ///
+    /// Zero terminal SNR (ModelSampling::discrete's zero_terminal_snr): a diffusers folder's
+    /// scheduler_config.json rescale_betas_zero_snr, or a `ztsnr` tensor in a single file. The
+    /// prediction of a single file: a `v_pred` tensor (v), else its prediction_type /
+    /// modelspec.prediction_type metadata, else eps (SD1.x) or the test evaluation (SD2.x);
+    /// FamilyOptions::prediction overrides all of them.
     const sampling::ModelSampling& model_sampling() const override;
+    /// The scheduler config's timestep_spacing and steps_offset (diffusers folders); the
+    /// defaults (linspace, 1) otherwise.
+    sampling::ScheduleOptions schedule_options() const override { return sched_opt_; }
     SamplingDefaults defaults() const override;
     int64_t diffusion_in_channels() const override { return ucfg_.in_channels; }
     std::vector<std::string> module_files(Module m) const override;
@@ -133,6 +142,10 @@ private:
     mutable std::unique_ptr<sampling::ModelSampling> ms_;
     mutable bool pred_pending_ = false;  ///< prediction to be found by a test evaluation
     std::string pred_src_;
+    double beta_start_ = 0.00085, beta_end_ = 0.012;
+    bool zsnr_ = false;            ///< betas rescaled to zero terminal SNR
+    std::string zsnr_src_;         ///< where zsnr_ came from (for describe())
+    sampling::ScheduleOptions sched_opt_;
 
     // Loaded modules.
     std::unique_ptr<runtime::GraphRunner> te_runner_, unet_runner_, vae_runner_;
