@@ -5,7 +5,7 @@
 # waited for up to 30 s, and $rpc, the --rpc-servers
 # flag naming both; fails=0 for the caller's count. Each script takes its own BASE, 800 ports
 # apart from the others': 52000 placement, 59000 autofit, 60000 placement_zimage, 60800
-# placement_flux, 61000 placement_vae (and the unit tests' 51000-58000, tests/unit/rpc_servers.h).
+# placement_flux, 61000 placement_vae, 62000 autofit_sweep (and the unit tests' 51000-58000, tests/unit/rpc_servers.h).
 start_rpc_pair() {
   tmp=$(mktemp -d)
   pids=()
