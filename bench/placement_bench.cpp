@@ -8,12 +8,14 @@
 // `easel generate --params-backend diffusion=cpu --stream-layers` loads them.
 //
 //   easel-bench-placement --device CUDA0 [--sizes 512,1024] [--reps 3] [--warmup 1]
-//                         [--budget-mib N] [--json out.json] [--tmp-dir DIR]
+//                         [--budget-mib N] [--ring 4,8] [--json out.json] [--tmp-dir DIR]
 //
 // --budget-mib caps the device for the streamed run (default: the smallest budget that
 // streams every block: 2 slots of the largest block + the compute buffer + 2 state buffers),
-// so the measured
-// ratio is the worst case; a larger budget keeps leading blocks resident.
+// so the measured ratio is the worst case; a larger budget keeps leading blocks resident.
+// --ring K,...: one more streamed run per K with every block streamed through an upload ring of
+// K slots (placement::ModulePlacement::stream_slots = K under the budget of K slots + the
+// compute buffer + the states): how much a deeper ring hides of the uploads (0: none).
 #include "bench_common.h"
 #include "core/error.h"
 #include "io/weight_index.h"
@@ -152,11 +154,13 @@ int main(int argc, char** argv) try {
     std::string device = "auto", sizes = "512,1024", json_out, tmp_dir, rpc;
     int reps = 3, warmup = 1, threads = 0;
     double budget_mib = 0;
+    std::string rings = "4,8";
     app.add_option("--device", device, "runtime device (default: first GPU, else CPU)");
     app.add_option("--sizes", sizes, "image sizes in pixels (square), comma-separated (default 512,1024)");
     app.add_option("--reps", reps, "timed steps per case (default 3)");
     app.add_option("--warmup", warmup, "untimed steps first (default 1)");
     app.add_option("--budget-mib", budget_mib, "device budget of the streamed run (default: the minimum that streams every block)");
+    app.add_option("--ring", rings, "upload ring depths K for extra runs with every block streamed through K slots, comma-separated (default 4,8; 0 = none)");
     app.add_option("--threads", threads, "CPU threads (default: all)");
     app.add_option("--rpc-servers", rpc, "RPC servers host:port,... (devices RPC0...)");
     app.add_option("--json", json_out, "write the results here");
@@ -205,8 +209,21 @@ int main(int argc, char** argv) try {
         json row;
         row["size"] = size;
         row["device"] = dev;
+        row["ring"] = json::array();
         std::vector<float> first;
-        for (bool stream : {false, true}) {
+        // cases: resident, streamed (the planner's plan under the budget), then every block
+        // streamed through a ring of K slots for each K of --ring
+        std::vector<int> cases{0, 2};
+        for (size_t a = 0; a < rings.size();) {
+            size_t b = rings.find(',', a);
+            if (b == std::string::npos) b = rings.size();
+            const int k = std::stoi(rings.substr(a, b - a));
+            if (k >= 2) cases.push_back(-k);
+            a = b + 1;
+        }
+        for (int kase : cases) {
+            const bool stream = kase != 0;
+            const int ring_k = kase < 0 ? -kase : 0;
             runtime::SequenceRunner<UNetInputs, UNetState, ggml_tensor*> r(net, net, src, lo, threads);
             auto costs = r.costs(mk, sel, "SD1.5 UNet");
             placement::ModulePlacement place;
@@ -220,8 +237,12 @@ int main(int argc, char** argv) try {
                     comp = std::max(comp, costs.measure(i, i + 1, i == 0, i + 1 == net.n_blocks(), dev));
                     if (i > 0) state = std::max(state, costs.state_bytes(i));
                 }
-                // the smallest budget that streams every block: 2 slots + compute + 2 state buffers (+ slack)
-                budgets[dev] = budget_mib > 0 ? (uint64_t)(budget_mib * 1048576.0) : 2 * maxb + comp + 2 * state + (1 << 20);
+                // the smallest budget that streams every block: 2 slots + compute + 2 state buffers (+ slack);
+                // a ring of K: K slots (+ the plan's 8 KiB slack each)
+                budgets[dev] = ring_k ? (uint64_t)ring_k * (maxb + (8 << 10)) + comp + 2 * state + (1 << 20)
+                               : budget_mib > 0 ? (uint64_t)(budget_mib * 1048576.0)
+                                                : 2 * maxb + comp + 2 * state + (1 << 20);
+                place.stream_slots = ring_k;
             }
             auto plan = placement::plan_module(placement::PModule::Diffusion, place, stream, costs, budgets);
             std::printf("%s", placement::format_plan({plan}).c_str());
@@ -237,18 +258,28 @@ int main(int argc, char** argv) try {
             r.end_phase();
             int streamed = 0;
             for (auto& s : plan.segments) streamed += s.per_eval;
-            const char* key = stream ? "streamed" : "resident";
-            row[key] = {{"median_s", median(times)}, {"times_s", times}, {"segments", plan.segments.size()}, {"streamed_segments", streamed},
+            const std::string key = !stream ? "resident" : ring_k ? fmt::format("ring{}", ring_k) : "streamed";
+            json res = {{"median_s", median(times)}, {"times_s", times}, {"segments", plan.segments.size()}, {"streamed_segments", streamed},
+                        {"slots", plan.devices[0].slot_count}, {"budget_bytes", plan.devices[0].budget},
                         {"predicted_bytes", plan.devices[0].total()}, {"measured_peak_bytes", r.peaks().at(dev)},
-                        {"prefetched_uploads", r.prefetched_uploads()}};
+                        {"prefetched_uploads", r.prefetched_uploads()}, {"max_uploaded_ahead", r.max_uploaded_ahead()}};
             if (!stream) first = out;
             else {
                 float m = 0;
                 for (size_t k = 0; k < out.size(); ++k) m = std::max(m, std::fabs(out[k] - first[k]));
-                row["max_abs_diff_streamed_vs_resident"] = m;
+                res[ring_k ? "max_abs_diff_vs_resident" : "max_abs_diff_streamed_vs_resident"] = m;
+                if (!ring_k) row["max_abs_diff_streamed_vs_resident"] = m;
+                res["ratio"] = median(times) / row["resident"]["median_s"].get<double>();
             }
-            fmt::print("  {}x{} {:<8} median {:.3f} s/step ({} segments, {} streamed, peak {:.1f} MiB of predicted {:.1f})\n", size, size, key,
-                       median(times), plan.segments.size(), streamed, r.peaks().at(dev) / 1048576.0, plan.devices[0].total() / 1048576.0);
+            fmt::print("  {}x{} {:<8} median {:.3f} s/step ({} segments, {} streamed, {} slots, peak {:.1f} MiB of predicted {:.1f}){}\n", size,
+                       size, key, median(times), plan.segments.size(), streamed, plan.devices[0].slot_count, r.peaks().at(dev) / 1048576.0,
+                       plan.devices[0].total() / 1048576.0, stream ? fmt::format(", {:.3f} x resident", res["ratio"].get<double>()) : "");
+            if (ring_k) {
+                res["ring_slots"] = ring_k;
+                row["ring"].push_back(res);
+            } else {
+                row[key] = res;
+            }
         }
         row["ratio"] = row["streamed"]["median_s"].get<double>() / row["resident"]["median_s"].get<double>();
         fmt::print("  {}x{} streamed / resident = {:.3f}\n", size, size, row["ratio"].get<double>());

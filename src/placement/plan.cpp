@@ -53,7 +53,9 @@ Segment make_seg(const ModuleCosts& c, const std::string& dev, int b, int e, int
     return s;
 }
 
-DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint64_t budget) {
+/// The device's use under `segs`, with a ring of `ring` streaming slots (when it has per-eval
+/// segments; at least 2).
+DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint64_t budget, int ring = 2) {
     DeviceUse u;
     u.device = dev;
     u.budget = budget;
@@ -69,8 +71,21 @@ DeviceUse use_of(const std::vector<Segment>& segs, const std::string& dev, uint6
         if (i + 1 < segs.size() && segs[i + 1].device == dev && s.state_bytes)
             u.state = std::max(u.state, 2 * (s.state_bytes + kAlignSlack));
     }
-    u.slots = slot ? 2 * (slot + kAlignSlack) : 0;
+    u.slot_count = slot ? std::max(ring, 2) : 0;
+    u.slots = slot ? (uint64_t)u.slot_count * (slot + kAlignSlack) : 0;
     return u;
+}
+
+/// Streaming slots for `dev` under `segs` (blocks streamed from host RAM): 2, plus as many more
+/// of the largest per-eval segment as the budget has room for beside everything else, at most
+/// one per per-eval segment of the device (more could never be filled). Unbudgeted: 2.
+int ring_slots(const std::vector<Segment>& segs, const std::string& dev, uint64_t budget) {
+    const DeviceUse two = use_of(segs, dev, budget, 2);
+    int per_eval = 0;
+    for (auto& s : segs) per_eval += s.device == dev && s.per_eval;
+    if (two.slot_count == 0 || budget == 0 || two.total() > budget || per_eval <= 2) return 2;
+    const uint64_t one = two.slots / 2;
+    return (int)std::min<uint64_t>((uint64_t)per_eval, 2 + (budget - two.total()) / one);
 }
 
 std::string suggestion(PModule m, Residency r, bool split) {
@@ -142,6 +157,9 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         std::string why = !c.row_split ? "this module has no row-split rules"
                           : !c.row_split->why_not.empty() ? c.row_split->why_not
                           : r != Residency::Device ? "its parameters are not kept on its devices (--params-backend)"
+                          : c.row_split->max_devices > 0 && (int64_t)devs.size() > c.row_split->max_devices
+                              ? fmt::format("{} cuts into only {} whole slices (heads) for {} devices", c.row_split->max_devices_param,
+                                            c.row_split->max_devices, devs.size())
                           : n == 0 ? "it has no blocks"
                           : !c.row_split_bytes || c.row_split_bytes(devs.size()).size() != devs.size()
                               ? "a weight slice would not be whole quantisation blocks"
@@ -154,10 +172,11 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         return it == budgets.end() ? 0 : it->second;
     };
     auto fits = [&](const DeviceUse& u) { return u.budget == 0 || u.total() <= u.budget; };
+    std::map<std::string, int> ring;  // streaming slots per device (absent: 2)
     auto finish = [&](std::vector<Segment> segs, bool split) {
         p.segments = std::move(segs);
         p.devices.clear();
-        for (auto& d : devs) p.devices.push_back(use_of(p.segments, d, budget_of(d)));
+        for (auto& d : devs) p.devices.push_back(use_of(p.segments, d, budget_of(d), ring.count(d) ? ring[d] : 2));
         for (auto& u : p.devices)
             if (!fits(u)) does_not_fit(module, u, r, split);
         p.host_bytes = 0;
@@ -193,17 +212,27 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         comp += 2 * state;  // the states kept on the device between two graphs (see use_of)
 
         if (stream && r == Residency::Host) {
-            // as many leading blocks resident as the budget allows, the rest streamed block by block
-            // (all of them: the whole range, staged for the phase, when it fits)
+            // as many leading blocks resident as the budget allows beside a ring of `want` slots
+            // (2 unless ModulePlacement::stream_slots asks for more; at most one per streamed
+            // block), the rest streamed block by block (all of them: the whole range, staged for
+            // the phase, when it fits)
             if (fits(whole_use)) return whole;
+            const int want = std::max(2, place.stream_slots);
             for (int k = e0 - 1; k >= b0; --k) {
                 uint64_t resident = k > b0 ? seg_params(c, b0, k, b0 == 0, k == n) : 0;
                 uint64_t slot = 0;
                 for (int i = k; i < e0; ++i) slot = std::max(slot, seg_params(c, i, i + 1, i == 0, i == n - 1));
-                if (budget != 0 && resident + 2 * (slot + kAlignSlack) + comp > budget && k > b0) continue;
+                const uint64_t k_slots = (uint64_t)std::max(2, std::min(want, e0 - k));
+                const bool room = budget == 0 || resident + k_slots * (slot + kAlignSlack) + comp <= budget;
+                if (!room && k > b0) continue;
                 std::vector<Segment> segs;
                 if (k > b0) segs.push_back(make_seg(c, dev, b0, k, n, r, false));
                 for (int i = k; i < e0; ++i) segs.push_back(make_seg(c, dev, i, i + 1, n, r, true));
+                // the room the budget leaves beside them deepens the upload ring (runtime/
+                // sequence_runner.h: segments uploaded ahead of the one computing, the next
+                // evaluation's first ones during this one's last)
+                // (every block streamed without room for `want` slots: as many as fit, at least 2)
+                ring[dev] = room ? std::max((int)k_slots, ring_slots(segs, dev, budget)) : ring_slots(segs, dev, budget);
                 return segs;
             }
         }
@@ -295,8 +324,11 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
                           : p.params_location != kDisk ? "held in " + p.params_location
                           : streamed ? fmt::format("read from disk per evaluation through a {:.1f} MiB host buffer (host column)", mib(p.host_bytes))
                                      : std::string("read from disk per phase");
+        std::string rings;
+        for (auto& u : p.devices)
+            if (u.slot_count > 0) rings += fmt::format("{}{} {}", rings.empty() ? "" : ", ", u.device, u.slot_count);
         s += fmt::format("  {}: {} segment(s), parameters {}{}\n", p.label, p.segments.size(), res,
-                         streamed ? fmt::format(", {} uploaded per evaluation", streamed) : "");
+                         streamed ? fmt::format(", {} uploaded per evaluation (upload ring slots: {})", streamed, rings) : "");
     }
     s += "(MiB; blocks: P = runs the prologue, E = the epilogue; total = params + slots + compute + state kept between segments)\n";
     if (plans.size() > 1) {

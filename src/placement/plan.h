@@ -38,9 +38,10 @@ struct Segment {
     bool prologue = false;        ///< this graph also runs the prologue (first segment)
     bool epilogue = false;        ///< ... and/or the epilogue (last segment)
     Residency residency = Residency::Device;
-    /// Parameters uploaded into one of the device's two streaming slots for every evaluation
-    /// (streamed blocks, --max-vram segments); the next per-eval segment is uploaded while this
-    /// one computes where the backend has events. False: resident for the phase.
+    /// Parameters uploaded into one of the device's streaming slots (a ring of
+    /// DeviceUse::slot_count) for every evaluation (streamed blocks, --max-vram segments); where
+    /// the backend has events the following per-eval segments are uploaded, in order, on a second
+    /// stream into the slots as they free up while this one computes. False: resident for the phase.
     bool per_eval = false;
     uint64_t param_bytes = 0;     ///< its parameters (with the prologue/epilogue ones it runs)
     uint64_t compute_bytes = 0;   ///< measured compute buffer of its graph (inputs, state, outputs included)
@@ -51,7 +52,13 @@ struct Segment {
 struct DeviceUse {
     std::string device;
     uint64_t params = 0;   ///< resident parameters (Device, and Host/Disk staged for the phase)
-    uint64_t slots = 0;    ///< streaming slots: 2 x the largest per-eval segment
+    uint64_t slots = 0;    ///< streaming slots: slot_count x (the largest per-eval segment + 8 KiB alignment slack)
+    /// Slots in the device's upload ring (0 without per-eval segments): 2, or for streamed blocks
+    /// (--stream-layers with parameters in host RAM) ModulePlacement::stream_slots where given
+    /// and as many more as the budget leaves room for after the resident blocks, the compute
+    /// buffer and the state (at most one per streamed segment): how many segments can be
+    /// uploaded ahead of the one computing.
+    int slot_count = 0;
     uint64_t compute = 0;  ///< largest compute buffer of its segments
     /// Largest state kept on the device between two of its segments (copied out of the compute
     /// buffer so the next graph can reuse it; 0 when the device runs one segment).

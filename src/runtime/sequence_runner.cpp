@@ -52,12 +52,17 @@ SegmentExecutor::SegmentExecutor(nn::Block& root, std::vector<std::vector<nn::Pa
 
 SegmentExecutor::~SegmentExecutor() {
     if (in_phase_) end_phase();
+    for (auto& [n, d] : devices_)
+        if (d->upload) ggml_backend_synchronize(d->upload);  // no upload may still write a slot
     for (auto& s : segs_) {
         if (s.staged) ggml_backend_buffer_free(s.staged);
         if (s.twins) ggml_free(s.twins);
+        if (s.graph_ctx) ggml_free(s.graph_ctx);
     }
     segs_.clear();
     for (auto& [n, d] : devices_) {
+        for (auto* c : d->state_ctxs)
+            if (c) ggml_free(c);
         for (auto* b : d->slots)
             if (b) ggml_backend_buffer_free(b);
         for (auto* b : d->state_bufs)
@@ -294,10 +299,16 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
             slot_bytes[d.name] = std::max<uint64_t>(slot_bytes[d.name], aligned(off, align));
         }
     }
-    // slots, then twins placed in them (per-eval segments of a device alternate between two)
+    // the upload rings: K slots per device (the plan's slot_count), then twins placed in them
+    // (a device's i-th per-eval segment in slot i mod K)
     for (auto& [name, bytes] : slot_bytes) {
         Device& d = device(name);
+        int k = 2;
+        for (auto& u : plan.devices)
+            if (u.device == name && u.slot_count > 0) k = u.slot_count;
         const ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d.dev);
+        d.slots.assign((size_t)k, nullptr);
+        d.owner.assign((size_t)k, -1);
         for (auto& b : d.slots) {
             b = ggml_backend_buft_alloc_buffer(buft, bytes + (8 << 10));  // + the plan's alignment slack
             if (!b) fail(ErrorKind::OutOfMemory, "cannot allocate a {:.1f} MiB streaming slot on {}", bytes / 1048576.0, name);
@@ -308,11 +319,14 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
         ggml_backend_dev_get_props(d.dev, &props);
         if (props.caps.async && props.caps.events) {
             d.upload = ggml_backend_dev_init(d.dev, nullptr);
-            for (auto& e : d.events) e = ggml_backend_event_new(d.dev);
-            if (!d.upload || !d.events[0] || !d.events[1]) {
+            d.events.assign((size_t)k, nullptr);
+            bool ok = d.upload != nullptr;
+            for (auto& e : d.events) ok = ok && (e = ggml_backend_event_new(d.dev)) != nullptr;
+            if (!ok) {
                 log::warn("{}: no second stream/events; uploads of streamed blocks will not overlap compute", name);
                 for (auto& e : d.events)
-                    if (e) ggml_backend_event_free(e), e = nullptr;
+                    if (e) ggml_backend_event_free(e);
+                d.events.clear();
                 if (d.upload) ggml_backend_free(d.upload), d.upload = nullptr;
             }
         }
@@ -333,11 +347,14 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
         }
         note(d);
     }
-    std::map<std::string, int> next_slot;
-    for (auto& s : segs_) {
+    for (size_t j = 0; j < segs_.size(); ++j) {
+        Seg& s = segs_[j];
         if (!s.plan.per_eval) continue;
         Device& d = device(s.plan.device);
-        s.slot = next_slot[d.name]++ % 2;
+        if (d.slots.empty()) fail(ErrorKind::Internal, "per-eval segment {}-{} on {} has no slot", s.plan.begin, s.plan.end, d.name);
+        s.ring_pos = (int)d.ring.size();
+        s.slot = s.ring_pos % (int)d.slots.size();
+        d.ring.push_back(j);
         const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(d.dev));
         char* base = (char*)ggml_backend_buffer_get_base(d.slots[s.slot]);
         size_t off = 0;
@@ -363,8 +380,16 @@ void SegmentExecutor::install(Seg& s) {
     for (auto& [p, t] : s.bind) p->tensor = t;
 }
 
+std::map<std::string, int> SegmentExecutor::ring_slots() const {
+    std::map<std::string, int> out;
+    for (auto& [n, d] : devices_)
+        if (!d->slots.empty()) out[n] = (int)d->slots.size();
+    return out;
+}
+
 void SegmentExecutor::begin_phase() {
     if (in_phase_) return;
+    ring_live_ = false;
     for (auto& s : segs_) {
         Device& d = device(s.plan.device);
         if (s.plan.residency == placement::Residency::Disk && !s.plan.per_eval) {
@@ -390,6 +415,7 @@ void SegmentExecutor::begin_phase() {
 
 void SegmentExecutor::end_phase() {
     if (!in_phase_) return;
+    reset_rings();  // (uploads of a next evaluation that will not come: waited for, dropped)
     for (auto& s : segs_) {
         Device& d = device(s.plan.device);
         if (s.plan.residency == placement::Residency::Disk && s.plan.per_eval) {
@@ -416,7 +442,6 @@ void SegmentExecutor::end_phase() {
             ggml_free(s.twins);
             s.twins = fresh;
         }
-        s.prefetched = false;
     }
     in_phase_ = false;
 }
@@ -460,40 +485,106 @@ void SegmentExecutor::drop_transient(Seg& s) {
     for (auto& c : s.copies) c.second = nullptr;
 }
 
+void SegmentExecutor::begin_run(bool wrap) {
+    ++run_no_;
+    wrap_ = wrap;
+    if (!ring_live_) {
+        reset_rings();
+        for (auto& [n, d] : devices_) {
+            d->next_up = run_no_ * (int64_t)d->ring.size();
+            d->done = d->next_up - 1;
+        }
+    }
+    ring_live_ = false;  // until this evaluation completes (end_run)
+    for (auto& [n, d] : devices_) d->state_flip = d->ctx_flip = 0;  // the same buffers for the same segment every evaluation
+}
+
+void SegmentExecutor::reset_rings() {
+    for (auto& [n, d] : devices_) {
+        if (d->upload) ggml_backend_synchronize(d->upload);
+        std::fill(d->owner.begin(), d->owner.end(), -1);
+    }
+    if (transient_seg_ >= 0) drop_transient(segs_[(size_t)transient_seg_]);
+    transient_seg_ = -1;
+    ring_live_ = false;
+}
+
 void SegmentExecutor::prepare(size_t j) {
     Seg& s = segs_[j];
     if (!s.plan.per_eval) return;
     Device& d = device(s.plan.device);
     const bool disk = s.plan.residency == placement::Residency::Disk;
-    if (s.prefetched) {
-        ggml_backend_event_wait(d.backend, d.events[s.slot]);
-        s.prefetched = false;
-        if (disk) {  // the host copy may go once its upload has completed
-            ggml_backend_event_synchronize(d.events[s.slot]);
-            drop_transient(s);
+    const int64_t g = seq_of(d, s);
+    if (d.owner[(size_t)s.slot] == g) {  // uploaded ahead
+        if (d.upload) {
+            ggml_backend_event_wait(d.backend, d.events[(size_t)s.slot]);
+            if (disk && transient_seg_ == (int)j) {  // the host copy may go once its upload has completed
+                ggml_backend_event_synchronize(d.events[(size_t)s.slot]);
+                drop_transient(s);
+                transient_seg_ = -1;
+            }
         }
         return;
     }
-    if (disk) read_from_disk(s);
+    // not uploaded yet: it is the next upload of the ring (every earlier segment has computed,
+    // so its slot is free)
+    if (d.next_up != g)
+        fail(ErrorKind::Internal, "upload ring of {}: segment {}-{} is upload {} but upload {} is next", d.name, s.plan.begin, s.plan.end, g,
+             d.next_up);
+    if (disk) {
+        if (transient_seg_ >= 0) {
+            drop_transient(segs_[(size_t)transient_seg_]);
+            transient_seg_ = -1;
+        }
+        read_from_disk(s);
+    }
     upload(s, nullptr);
     if (disk) drop_transient(s);
+    d.owner[(size_t)s.slot] = g;
+    ++d.next_up;
 }
 
-void SegmentExecutor::prefetch_after(size_t j) {
-    Device& d = device(segs_[j].plan.device);
-    if (!d.upload) return;
-    for (size_t k = j + 1; k < segs_.size(); ++k) {
-        Seg& n = segs_[k];
-        if (n.plan.device != d.name) return;
-        if (!n.plan.per_eval) continue;
-        if (segs_[j].plan.per_eval && n.slot == segs_[j].slot) return;  // slot still in use
-        // (a Disk segment is read from the file here, while segment j computes)
-        if (n.plan.residency == placement::Residency::Disk) read_from_disk(n);
-        upload(n, d.upload);
-        ggml_backend_event_record(d.events[n.slot], d.upload);
-        n.prefetched = true;
-        ++prefetched_;
-        return;
+void SegmentExecutor::after_compute(size_t j) {
+    Seg& s = segs_[j];
+    if (s.plan.per_eval) device(s.plan.device).done = seq_of(device(s.plan.device), s);
+    pump_all();
+}
+
+void SegmentExecutor::pump_all() {
+    for (auto& [name, dp] : devices_) {
+        Device& d = *dp;
+        if (d.ring.empty()) continue;
+        const int64_t n = (int64_t)d.ring.size();
+        // this evaluation's segments; with an outer phase on a device with events, the next one's too
+        const int64_t limit = (run_no_ + ((wrap_ && d.upload) ? 2 : 1)) * n;
+        while (d.next_up < limit) {
+            const size_t j = d.ring[(size_t)(d.next_up % n)];
+            Seg& s = segs_[j];
+            if (d.owner[(size_t)s.slot] > d.done) break;  // its slot holds a segment not computed yet
+            const bool disk = s.plan.residency == placement::Residency::Disk;
+            if (disk && d.next_up >= (run_no_ + 1) * n) break;  // no file read for an evaluation not begun
+            if (disk) {
+                if (transient_seg_ >= 0) {  // one host buffer at a time: the previous one's upload must end first
+                    Seg& o = segs_[(size_t)transient_seg_];
+                    Device& od = device(o.plan.device);
+                    if (od.upload) ggml_backend_event_synchronize(od.events[(size_t)o.slot]);
+                    drop_transient(o);
+                    transient_seg_ = -1;
+                }
+                read_from_disk(s);
+            }
+            if (d.upload) {
+                upload(s, d.upload);
+                ggml_backend_event_record(d.events[(size_t)s.slot], d.upload);
+                ++prefetched_;
+                if (disk) transient_seg_ = (int)j;
+            } else {
+                upload(s, nullptr);
+                if (disk) drop_transient(s);
+            }
+            d.owner[(size_t)s.slot] = d.next_up++;
+            ahead_max_ = std::max(ahead_max_, (int)(d.next_up - 1 - d.done));
+        }
     }
 }
 

@@ -9,16 +9,31 @@
 //   * Host:    loaded into host RAM (pinned where the device offers a host buffer type) or the
 //              --params-backend device by load(); copied to the runtime device for a phase, or,
 //              for per-eval segments (streaming, --max-vram segments), uploaded into one of the
-//              device's two slot buffers before each evaluation; where the device has events
-//              the next segment is uploaded on a second backend (stream) while this one computes,
+//              device's slot buffers before each evaluation (see "Upload ring" below),
 //   * Disk:    read from the file onto the device when a phase begins, freed when it ends;
 //              per-eval Disk segments (a module that fits the device only in pieces) have
 //              device twins in the slots like Host ones and are read from the file into a
 //              transient host buffer before each evaluation, uploaded, and the buffer freed
-//              (one such buffer at a time; the read of the next one overlaps the compute where
-//              the device has events).
+//              (one such buffer at a time).
 // A phase is begin_phase() .. end_phase() (e.g. the whole denoising loop); run() outside a
 // phase is a phase of its own.
+//
+// Upload ring. A device with per-eval segments has K slot buffers (the plan's
+// DeviceUse::slot_count, each the size of its largest per-eval segment); its i-th per-eval
+// segment always uses slot i mod K. Uploads are issued strictly in segment order, each as soon
+// as its slot's previous segment has finished computing: after a segment's compute is launched
+// and again when it has completed, the runner uploads every following segment whose slot is
+// free, so up to K segments are on the device ahead of the computing one. Where the device has
+// events (caps async + events: CUDA, RPC), the uploads run on a second backend (CUDA: a second
+// stream; RPC: the server's one command queue) and each segment's compute waits on its slot's
+// event; inside an outer phase (begin_phase), the next evaluation's leading Host segments are
+// uploaded while this evaluation's last ones compute. Without events (CPU) the same order is
+// kept with synchronous uploads (no overlap; nothing uploaded for an evaluation that has not
+// begun). A per-eval Disk segment is read from the file just before its upload (never for an
+// evaluation that has not begun), and the host buffer of the previous one is freed first (after
+// its upload completed).
+// An evaluation that fails empties the ring; the next one starts it again.
+
 //
 // Typical use:
 //   runtime::SequenceRunner<UNetInputs, UNetState, ggml_tensor*> r(unet, unet, src, opt);
@@ -79,8 +94,15 @@ public:
     /// compute buffer) since load() — the measured peak beside the plan's prediction.
     const std::map<std::string, uint64_t>& peaks() const { return peaks_; }
 
-    /// Segments whose next upload overlapped the previous compute (backends with events).
+    /// Per-eval segments uploaded on the second backend ahead of their compute (backends with
+    /// events: CUDA, RPC; 0 on CPU).
     int prefetched_uploads() const { return prefetched_; }
+    /// Slot buffers of each device's upload ring (the plan's DeviceUse::slot_count; devices
+    /// without per-eval segments absent).
+    std::map<std::string, int> ring_slots() const;
+    /// The most per-eval segments of one device held in its slots ahead of their compute at one
+    /// time (uploaded or being uploaded, not yet computed) since load(): up to the ring's K.
+    int max_uploaded_ahead() const { return ahead_max_; }
 
     /// Largest host RAM held for parameters at one time since load(): the buffers of Host
     /// segments in host memory plus the transient buffer of a per-eval Disk segment being read
@@ -103,11 +125,21 @@ protected:
         ggml_backend_dev_t dev = nullptr;
         ggml_backend_t backend = nullptr;
         ggml_backend_t upload = nullptr;         // second backend (stream) for prefetch, or null
-        ggml_backend_event_t events[2] = {nullptr, nullptr};
+        std::vector<ggml_backend_event_t> events;  // per slot: its last upload on `upload`
         ggml_gallocr_t galloc = nullptr;
-        ggml_backend_buffer_t slots[2] = {nullptr, nullptr};
+        std::vector<ggml_backend_buffer_t> slots;  // the upload ring (K slot buffers)
+        std::vector<size_t> ring;                  // its per-eval segments (indices into segs_), in order
+        // Upload order: per-eval segment i of evaluation e has the sequence number e * ring.size() + i.
+        std::vector<int64_t> owner;                // per slot: sequence number of the segment it holds, -1 none
+        int64_t next_up = 0;                       // sequence number of the next upload to issue
+        int64_t done = -1;                         // last per-eval segment whose compute has completed
         ggml_backend_buffer_t state_bufs[2] = {nullptr, nullptr};  // ping-pong buffers for states kept on the device
         int state_flip = 0;
+        // ping-pong contexts for the tensors of those states (kept, reset for reuse, so a state
+        // tensor has the same address in every evaluation), their capacity in tensors
+        ggml_context* state_ctxs[2] = {nullptr, nullptr};
+        size_t state_ctx_cap[2] = {0, 0};
+        int ctx_flip = 0;
         uint64_t params = 0, staged = 0, compute = 0;  // bytes now
     };
     struct Seg {
@@ -119,18 +151,35 @@ protected:
         std::vector<std::pair<ggml_tensor*, ggml_tensor*>> copies;  // (twin, host source)
         ggml_backend_buffer_t staged = nullptr;               // Host non-per-eval: its device copy for the phase
         nn::ParamBuffer transient;                            // per-eval Disk: the host buffer read from the file, until uploaded
-        int slot = -1;                                        // per-eval: slot index
-        bool prefetched = false;
+        int slot = -1;                                        // per-eval: slot index (ring_pos mod K)
+        int ring_pos = -1;                                    // per-eval: position in its device's ring
+        // its graph's context, kept and reset for every evaluation: the graph's tensors then have
+        // the same addresses each time (ggml's CUDA backend keys its CUDA graphs by the first
+        // node's address and replays one only for an unchanged graph). Untouched pages of its
+        // max_nodes capacity are never committed (ggml_init does not clear the buffer).
+        ggml_context* graph_ctx = nullptr;
+        size_t graph_nodes = 0;
     };
 
     Device& device(const std::string& name);
     void install(Seg& s);
-    /// Makes segment j's parameters present on its device (uploading a per-eval segment unless
-    /// it was prefetched); call before building its graph.
+    /// Starts an evaluation: counts it and (re)starts the upload rings unless the previous
+    /// evaluation of this phase left them running. `wrap`: the next evaluation's leading
+    /// segments may be uploaded during this one (an outer phase is open).
+    void begin_run(bool wrap);
+    /// Ends an evaluation that completed (the rings carry over to the next one in the phase).
+    void end_run() { ring_live_ = true; }
+    /// Makes segment j's parameters present on its device (a per-eval segment: waits for its
+    /// upload, or uploads it now when it was not uploaded ahead); call before building its graph.
     void prepare(size_t j);
-    /// Starts uploading the next per-eval segment after j on the same device (if the backend
-    /// has events); call after launching segment j's compute.
-    void prefetch_after(size_t j);
+    /// Issues the uploads whose slots are free, on every device (call after launching a
+    /// segment's compute); after_compute(j) records that segment j has completed first.
+    void pump_all();
+    void after_compute(size_t j);
+    /// Sequence number of per-eval segment s in the current evaluation.
+    int64_t seq_of(const Device& d, const Seg& s) const { return run_no_ * (int64_t)d.ring.size() + s.ring_pos; }
+    /// Waits for in-flight uploads, frees a Disk segment's host buffer, empties every ring.
+    void reset_rings();
     void upload(Seg& s, ggml_backend_t via);
     /// Per-eval Disk segment: reads its parameters from the file into s.transient (host RAM)
     /// and points s.copies at them. Throws as nn::ParamBuffer::load_subset.
@@ -173,6 +222,11 @@ protected:
     std::map<std::string, uint64_t> peaks_;
     bool loaded_ = false, in_phase_ = false;
     int prefetched_ = 0;
+    int64_t run_no_ = -1;   // evaluations begun since load()
+    bool wrap_ = false;     // this evaluation may upload the next one's leading segments
+    bool ring_live_ = false;  // the rings carry over from the previous evaluation
+    int ahead_max_ = 0;
+    int transient_seg_ = -1;  // the per-eval Disk segment whose host buffer is alive, or -1
     uint64_t host_now_ = 0, host_peak_ = 0;
     int disk_reads_ = 0;
     ggml_context* fake_ctx_ = nullptr;
@@ -245,6 +299,20 @@ public:
         if (!loaded_) fail(ErrorKind::InvalidInput, "SequenceRunner::run before load()");
         const bool own_phase = !in_phase_;
         if (own_phase) begin_phase();
+        begin_run(!own_phase);
+        try {
+            auto result = run_segments(make_inputs, select, max_nodes);
+            end_run();
+            if (own_phase) end_phase();
+            return result;
+        } catch (...) {
+            ring_live_ = false;  // the next evaluation starts the rings again
+            throw;
+        }
+    }
+
+private:
+    std::vector<HostTensor> run_segments(const InputsFn& make_inputs, const SelectFn& select, size_t max_nodes) {
         std::vector<StateTensor> state;  // the state on the host (next segment on another device)
         DeviceState dstate;              // or on the device (next segment on the same device)
         std::optional<S> tmpl;
@@ -254,7 +322,12 @@ public:
             Device& d = device(sg.plan.device);
             prepare(j);
             install(sg);
-            Graph g(max_nodes);
+            if (!sg.graph_ctx || sg.graph_nodes != max_nodes) {
+                if (sg.graph_ctx) ggml_free(sg.graph_ctx);
+                sg.graph_ctx = Graph::new_ctx(max_nodes);
+                sg.graph_nodes = max_nodes;
+            }
+            Graph g(sg.graph_ctx);
             GraphBuilder gb(g.ctx, d.backend);
             nn::Ctx c{g.ctx, flash_, d.backend};
             S s = sg.plan.prologue ? seq_.prologue(c, make_inputs(gb))
@@ -281,11 +354,15 @@ public:
             note(d);
             for (auto& in : gb.inputs())
                 if (in.t->buffer) ggml_backend_tensor_set(in.t, in.bytes.data(), 0, in.bytes.size());
-            ggml_status st = ggml_backend_graph_compute_async(d.backend, gf);
-            prefetch_after(j);
+            // a graph without nodes (an epilogue that returns its state as it is, run alone
+            // after a row split's meta segment) has nothing to compute: ggml's RPC backend
+            // asserts on an empty graph
+            ggml_status st = ggml_graph_n_nodes(gf) > 0 ? ggml_backend_graph_compute_async(d.backend, gf) : GGML_STATUS_SUCCESS;
+            pump_all();  // uploads into the slots already free, while segment j computes
             ggml_backend_synchronize(d.backend);
             if (st != GGML_STATUS_SUCCESS)
                 fail(ErrorKind::Internal, "graph compute on {} failed (status {})", d.name, (int)st);
+            after_compute(j);  // segment j's slot is free: the uploads behind it start
             if (sg.plan.epilogue) {
                 for (ggml_tensor* t : outs) {
                     HostTensor h;
@@ -301,12 +378,11 @@ public:
                 // (outputs may be input state tensors passed through: free the old state after)
                 DeviceState next;
                 next.device = d.name;
-                next.ctx = new_state_ctx(outs.size());
+                next.ctx = state_ctx(d, outs.size());
                 for (ggml_tensor* o : outs) next.ts.push_back(ggml_new_tensor(next.ctx, o->type, 4, o->ne));
                 if (!place_in_state_buffer(d, next)) {  // no preallocated buffer (or too small): one of its own
                     next.buf = ggml_backend_alloc_ctx_tensors_from_buft(next.ctx, ggml_backend_dev_buffer_type(d.dev));
                     if (!next.buf) {
-                        ggml_free(next.ctx);
                         fail(ErrorKind::OutOfMemory, "cannot keep the state between blocks on {}", d.name);
                     }
                     d.staged += ggml_backend_buffer_get_size(next.buf);
@@ -330,11 +406,9 @@ public:
             }
         }
         release(dstate);
-        if (own_phase) end_phase();
         return result;
     }
 
-private:
     static std::vector<std::vector<nn::Param*>> block_sets(const Seq& seq) {
         std::vector<std::vector<nn::Param*>> out((size_t)seq.n_blocks());
         for (int i = 0; i < seq.n_blocks(); ++i)
@@ -345,14 +419,23 @@ private:
     /// A no_alloc context and graph.
     struct Graph {
         ggml_context* ctx = nullptr;
-        explicit Graph(size_t max_nodes) {
+        bool own = true;
+        explicit Graph(size_t max_nodes) : ctx(new_ctx(max_nodes)) {}
+        /// A kept context (Seg::graph_ctx), emptied for a new graph; not freed here.
+        explicit Graph(ggml_context* kept) : ctx(kept), own(false) { ggml_reset(ctx); }
+        ~Graph() {
+            if (own) ggml_free(ctx);
+        }
+        Graph(const Graph&) = delete;
+        Graph& operator=(const Graph&) = delete;
+        static ggml_context* new_ctx(size_t max_nodes) {
             ggml_init_params ip{};
             ip.mem_size = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false);
             ip.no_alloc = true;
-            ctx = ggml_init(ip);
-            if (!ctx) fail(ErrorKind::OutOfMemory, "cannot create a graph context for {} nodes", max_nodes);
+            ggml_context* c = ggml_init(ip);
+            if (!c) fail(ErrorKind::OutOfMemory, "cannot create a graph context for {} nodes", max_nodes);
+            return c;
         }
-        ~Graph() { ggml_free(ctx); }
         ggml_cgraph* graph(const std::vector<ggml_tensor*>& outs, size_t max_nodes) {
             ggml_cgraph* gf = ggml_new_graph_custom(ctx, max_nodes, false);
             for (ggml_tensor* o : outs) {
@@ -382,7 +465,7 @@ private:
     /// State tensors kept in a device buffer between two segments on one device.
     struct DeviceState {
         std::string device;
-        ggml_context* ctx = nullptr;
+        ggml_context* ctx = nullptr;  // one of the device's state_ctxs (not freed by release)
         ggml_backend_buffer_t buf = nullptr;
         std::vector<ggml_tensor*> ts;
     };
@@ -392,8 +475,21 @@ private:
             d.staged -= std::min<uint64_t>(d.staged, ggml_backend_buffer_get_size(ds.buf));
             ggml_backend_buffer_free(ds.buf);
         }
-        if (ds.ctx) ggml_free(ds.ctx);
         ds = DeviceState{};
+    }
+    /// The device's next state context (ping-pong: the other one may still hold the state
+    /// entering the graph just run), emptied, for n tensors.
+    static ggml_context* state_ctx(Device& d, size_t n) {
+        const int k = d.ctx_flip;
+        d.ctx_flip ^= 1;
+        if (d.state_ctxs[k] && d.state_ctx_cap[k] >= n) {
+            ggml_reset(d.state_ctxs[k]);
+            return d.state_ctxs[k];
+        }
+        if (d.state_ctxs[k]) ggml_free(d.state_ctxs[k]);
+        d.state_ctxs[k] = new_state_ctx(n);
+        d.state_ctx_cap[k] = n;
+        return d.state_ctxs[k];
     }
     /// Places ds's tensors in the device's next ping-pong state buffer (allocated by load()
     /// from the plan's state sizes: no allocation, hence no implicit device synchronisation, per
