@@ -157,6 +157,9 @@ ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream
         std::string why = !c.row_split ? "this module has no row-split rules"
                           : !c.row_split->why_not.empty() ? c.row_split->why_not
                           : r != Residency::Device ? "its parameters are not kept on its devices (--params-backend)"
+                          : c.row_split->max_devices > 0 && (int64_t)devs.size() > c.row_split->max_devices
+                              ? fmt::format("{} cuts into only {} whole slices (heads) for {} devices", c.row_split->max_devices_param,
+                                            c.row_split->max_devices, devs.size())
                           : n == 0 ? "it has no blocks"
                           : !c.row_split_bytes || c.row_split_bytes(devs.size()).size() != devs.size()
                               ? "a weight slice would not be whole quantisation blocks"

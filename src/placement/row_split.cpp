@@ -94,6 +94,11 @@ std::shared_ptr<RowSplitRules> make_row_split_rules(std::string module, const nn
                         r->why_not = fmt::format("{} of {} does not divide into {} x {}", n, full.at(&p), rule.segments, rule.granule);
                         return;
                     }
+                    const int64_t units = n / (rule.granule * rule.segments);
+                    if (r->max_devices == 0 || units < r->max_devices) {
+                        r->max_devices = units;
+                        r->max_devices_param = full.at(&p);
+                    }
                 }
                 r->by_param[full.at(&p)] = rule;
                 ++matched;
@@ -161,6 +166,11 @@ std::shared_ptr<RowSplitRules> unet_row_split_rules(const models::sd::UNetConfig
                 return;
             }
             it->second.granule = h->second;
+            const int64_t units = width / h->second / it->second.segments;  // whole heads now
+            if (units < r->max_devices) {
+                r->max_devices = units;
+                r->max_devices_param = full.at(&p);
+            }
         });
     return r;
 }

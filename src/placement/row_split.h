@@ -92,6 +92,12 @@ struct RowSplitRules {
     std::string module;  ///< e.g. "Z-Image DiT"
     std::unordered_map<std::string, RowSplitRule> by_param;
     std::string why_not;
+    /// The most devices the split can spread over: the fewest whole units (granule x segments)
+    /// of any split parameter (e.g. the key/value heads of a Qwen3 layer), since every device
+    /// needs at least one unit of each; 0 = no split parameter. The planner falls back to layer
+    /// split over more devices.
+    int64_t max_devices = 0;
+    std::string max_devices_param;  ///< the parameter that sets max_devices
     const RowSplitRule& rule(const std::string& name) const;
 };
 
@@ -99,7 +105,9 @@ struct RowSplitRules {
 /// e.g. Sequence::block_params(i)): a Linear whose path relative to its block ends in a
 /// pattern's `linear` gets the pattern's rule for its weight (and its bias: Column -> same
 /// split, Row -> mirrored). Every parameter is checked against its declared shape: the split
-/// dimension must divide into granule x segments units.
+/// dimension must divide into granule x segments units (RowSplitRules::max_devices = the fewest
+/// units). A pattern may also name a 2-D table that is not a Linear but is split the same way,
+/// e.g. T5's relative_attention_bias [buckets, heads] as Row (its heads, ggml axis 0).
 std::shared_ptr<RowSplitRules> make_row_split_rules(std::string module, const nn::Block& root, const std::vector<const nn::Block*>& blocks,
                                                     const std::vector<RowSplitPattern>& patterns);
 

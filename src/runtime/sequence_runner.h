@@ -354,7 +354,10 @@ private:
             note(d);
             for (auto& in : gb.inputs())
                 if (in.t->buffer) ggml_backend_tensor_set(in.t, in.bytes.data(), 0, in.bytes.size());
-            ggml_status st = ggml_backend_graph_compute_async(d.backend, gf);
+            // a graph without nodes (an epilogue that returns its state as it is, run alone
+            // after a row split's meta segment) has nothing to compute: ggml's RPC backend
+            // asserts on an empty graph
+            ggml_status st = ggml_graph_n_nodes(gf) > 0 ? ggml_backend_graph_compute_async(d.backend, gf) : GGML_STATUS_SUCCESS;
             pump_all();  // uploads into the slots already free, while segment j computes
             ggml_backend_synchronize(d.backend);
             if (st != GGML_STATUS_SUCCESS)

@@ -8,6 +8,7 @@
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3.h"
+#include "models/t5/t5_row_split.h"
 #include "placement/placed_sequence.h"
 #include "text/clip_tokenizer.h"
 #include "text/t5_tokenizer.h"
@@ -447,6 +448,9 @@ void Flux1::load(Module m) {
             p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_);
             p->t5p = std::make_unique<T5Placed>(*p->t5->net, *p->t5->net, *p->t5->src, p->t5->lo, placement::PModule::Te, *opt_.placement,
                                                 opt_.threads, opt_.flash_attn_te);
+            // --split-mode te=row: T5's blocks on ggml's meta device (t5_row_split.h); CLIP-L has
+            // no rules and runs as layer split (the planner warns)
+            p->t5p->set_row_split(t5::t5_row_split_rules(*p->t5->net));
             p->clipp = std::make_unique<ClipPlaced>(*p->clip->net, *p->clip->net, *p->clip->src, p->clip->lo, placement::PModule::Te,
                                                     *opt_.placement, opt_.threads, opt_.flash_attn_te);
             placed_te_ = std::move(p);
@@ -723,7 +727,7 @@ std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w)
         T5Model& m = *k->model;
         out.push_back(placement::self_contained_costs<t5::T5Inputs, t5::T5State, t5::T5Outputs>(
             placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, t5_inputs(L, k->ids, k->buckets),
-            t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L)));
+            t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L), t5::t5_row_split_rules(*m.net)));
     }
     if (!clip_path_.empty()) {  // CLIP-L: one 77-token window
         struct Keep {

@@ -7,6 +7,7 @@
 #include "models/flux/flux_common.h"
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
+#include "models/qwen3/qwen3_row_split.h"
 #include "placement/placed_sequence.h"
 #include "text/qwen_tokenizer.h"
 
@@ -589,6 +590,8 @@ void Flux2Klein::load(Module m) {
             TeModel& tm = *p->model;
             p->placed = std::make_unique<TePlaced>(*tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads,
                                                    opt_.flash_attn_te);
+            // --split-mode te=row: the Qwen3 layers on ggml's meta device (qwen3_row_split.h)
+            p->placed->set_row_split(qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te));
             te_desc_ = fmt::format("Qwen3 hidden {} x {} layers (first {} loaded)", qc.hidden, qc.layers, tm.cfg.layers);
             placed_te_ = std::move(p);
             break;
@@ -893,7 +896,7 @@ std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64
         TeModel& tm = *k->model;
         out.push_back(placement::self_contained_costs<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>(
             placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te, te_inputs(k->d), te_outputs,
-            te_label(tm.cfg, Lt)));
+            te_label(tm.cfg, Lt), qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te)));
     }
     {  // diffusion: h x w image tokens (+ the reference tokens set so far) and a 512-token context
         struct Keep {

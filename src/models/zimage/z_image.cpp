@@ -6,6 +6,7 @@
 #include "core/strings.h"
 #include "io/diffusers.h"
 #include "placement/placed_sequence.h"
+#include "models/qwen3/qwen3_row_split.h"
 #include "placement/row_split.h"
 #include "text/qwen_tokenizer.h"
 
@@ -338,6 +339,8 @@ void ZImage::load(Module m) {
             placed_te_->own = std::move(own);
             placed_te_->placed = std::make_unique<placement::PlacedSequence<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>>(
                 *tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads, opt_.flash_attn_te);
+            // --split-mode te=row: the Qwen3 layers on ggml's meta device (qwen3_row_split.h)
+            placed_te_->placed->set_row_split(qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te));
             break;
         }
         qwen3::Qwen3RunOptions ro;
@@ -571,7 +574,8 @@ std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w
                 in.pos = g.input_i32("pos", {L}, kp->pos);
                 return in;
             },
-            one_output, fmt::format("Qwen3 {} of {} layers (hidden_states[-2]), {} tokens", tm.cfg.layers, qc.layers, L)));
+            one_output, fmt::format("Qwen3 {} of {} layers (hidden_states[-2]), {} tokens", tm.cfg.layers, qc.layers, L),
+            qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te)));
     }
     {  // diffusion: the transformer at h x w with a 512-token caption
         struct Keep {
