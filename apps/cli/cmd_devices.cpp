@@ -51,7 +51,9 @@ EASEL_COMMAND(
         sub.add_option("-H,--host", o->host, "Address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network, unauthenticated)");
         sub.add_option("-p,--port", o->port, "TCP port (default 50052)")->check(CLI::Range(1, 65535));
         sub.add_option("-d,--device", o->devices, "Device(s) to serve (repeatable; default: the first GPU, else the CPU)");
-        sub.add_option("-t,--threads", o->threads, "CPU threads for a served CPU device (default: all cores)")->check(CLI::NonNegativeNumber);
+        sub.add_option("-t,--threads", o->threads, "CPU threads for a served CPU device (default: all cores; at most 512)")
+            ->check(CLI::NonNegativeNumber)
+            ->check(cli::max_threads_check());
         sub.add_option("--cache-dir", o->cache_dir, "Folder where the server caches tensors sent to it (optional)");
         cli::add_common_options(sub, o->common);
         sub.footer("Examples:\n  easel rpc-server --port 50052 --device CPU\n"

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <ggml.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,6 +39,25 @@ struct CommonOptions {
 void add_common_options(CLI::App& app, CommonOptions& o);
 /// Applies them (log level, colour, RPC registration). Throws easel::Error.
 void apply_common_options(const CommonOptions& o);
+
+/// CLI11 check of -t/--threads (generate, the stage commands, plan, rpc-server): refuses a
+/// count above GGML_MAX_N_THREADS (ggml.h, 512), the size of ggml's fixed per-threadpool arrays;
+/// above it ggml_graph_compute segfaults (100000) or hangs (4096). Runs at parse time, before any
+/// model is opened. Values that are not integers are left to CLI11's conversion error.
+inline CLI::Validator max_threads_check() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            long long v = std::strtoll(s.c_str(), &end, 10);
+            if (end == s.c_str() || *end != '\0') return {};
+            if (errno == ERANGE || v > GGML_MAX_N_THREADS)
+                return s + " is above ggml's maximum of " + std::to_string(GGML_MAX_N_THREADS) +
+                       ": pass at most the number of CPU threads";
+            return {};
+        },
+        "", "max threads");
+}
 
 }  // namespace easel::cli
 

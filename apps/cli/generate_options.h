@@ -2,6 +2,7 @@
 #pragma once
 
 #include "pipeline/generate_params.h"
+#include "command.h"
 #include "placement_options.h"
 
 #include <CLI/CLI.hpp>
@@ -66,7 +67,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     g = "Execution";
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);
     app.add_flag("--diffusion-fa", p.diffusion_fa, "Flash attention in the diffusion model only")->group(g);
-    app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores)")->group(g);
+    app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores; at most 512)")->check(max_threads_check())->group(g);
     add_placement_options(app, p.placement);
 }
 
