@@ -15,6 +15,7 @@
 #include "sampling/sampler.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -210,12 +212,27 @@ std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
     }
 }
 
+/// Checks an output path before any work: not empty, its folder exists and is writable (a probe
+/// file is created there and removed), and the path is not a folder nor an existing non-regular
+/// file (a device such as /dev/null or /dev/full, a FIFO: the writers put a temporary file next
+/// to it and rename it over the target, which would replace the node). Throws Error(Io/InvalidInput).
 void check_output_folder(const std::string& path, const char* flag) {
+    if (path.empty()) fail(ErrorKind::InvalidInput, "{} is empty: pass an output file path", flag);
     fs::path dir = fs::path(path).parent_path();
     std::error_code ec;
     if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, dir.string());
     if (fs::is_directory(path, ec))
         fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, (fs::path(path) / "output.png").string());
+    const fs::file_status st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+        fail(ErrorKind::InvalidInput, "{} {}: exists and is not a regular file (a device or a pipe); give a file path", flag, path);
+    std::random_device rd;
+    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", (long)::getpid(), rd());
+    {
+        std::ofstream f(probe, std::ios::binary | std::ios::trunc);
+        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, (dir.empty() ? fs::path(".") : dir).string());
+    }
+    fs::remove(probe, ec);
 }
 
 std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
@@ -480,7 +497,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fail(ErrorKind::InvalidInput, "--mask works with -i IMAGE, not with --load-latent");
 
     // Output folders must exist before hours of work.
-    check_output_folder(batch_output_path(p.output, 0, p.batch_count), "-o");
+    for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
     check_vae_tiling(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");

@@ -4,6 +4,7 @@
 #include "text/unicode.h"
 
 #include <png.h>
+#include <unistd.h>
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <string>
 #include <system_error>
 
 namespace easel::pipeline {
@@ -180,11 +182,17 @@ std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry
 
 void save_png(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts) {
     const auto bytes = encode_png(image, texts);
-    auto tmp = path;
-    tmp += ".tmp";
+    // The temporary file is unique per process (".<name>.<pid>.tmp" in the target's folder), so two
+    // runs writing the same path never share it; the rename replaces the target atomically.
+    std::string tmp_name = path.filename().string();
+    tmp_name.insert(tmp_name.begin(), '.');
+    tmp_name += '.';
+    tmp_name += std::to_string((long)::getpid());
+    tmp_name += ".tmp";
+    const auto tmp = path.parent_path() / tmp_name;
     {
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        if (!f) fail(ErrorKind::Io, "cannot write {}; check that the folder exists and is writable", tmp.string());
+        if (!f) fail(ErrorKind::Io, "cannot write {} (temporary file {}); check that the folder exists and is writable", path.string(), tmp.string());
         f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
         f.flush();
         if (!f) fail(ErrorKind::Io, "cannot write {} (disk full?)", tmp.string());

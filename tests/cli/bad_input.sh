@@ -16,7 +16,7 @@ expect_refused() {
   local name="$1" pattern="$2"
   shift 2
   rm -f "$tmp/out.png"
-  err=$(timeout 60 "$easel" "$@" 2>&1 >/dev/null)
+  err=$(timeout 60 ${runner:-} "$easel" "$@" 2>&1 >/dev/null)
   rc=$?
   if [ "$rc" -lt 1 ] || [ "$rc" -gt 127 ] || [[ "$err" != *"$pattern"* ]] || [[ "$err" == *"stage "* ]] || [ -e "$tmp/out.png" ]; then
     echo "FAIL $name: exit $rc: $err"
@@ -26,6 +26,10 @@ expect_refused() {
   fi
 }
 
+check() {  # check NAME CONDITION-EXIT-STATUS DETAIL
+  if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
+}
+
 # F1: -t above GGML_MAX_N_THREADS (512) segfaulted (100000) or hung (4096) inside ggml
 for cmd in generate plan denoise; do
   expect_refused "$cmd -t 100000" "above ggml's maximum of 512" $cmd -m "$sd" -p x --steps 1 -W 64 -H 64 -t 100000 -o "$tmp/out.png"
@@ -33,6 +37,30 @@ done
 expect_refused "generate -t 4096" "above ggml's maximum of 512" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 4096 -o "$tmp/out.png"
 expect_refused "generate -t 2^63" "above ggml's maximum of 512" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 99999999999999999999 -o "$tmp/out.png"
 expect_refused "rpc-server -t 100000" "above ggml's maximum of 512" rpc-server --port 62000 -t 100000
+
+# F2/F4/F3: -o must be a (new or regular) file in a writable folder, checked before the run; a FIFO
+# or a device was replaced by a PNG (temporary file renamed over it)
+mkfifo "$tmp/fifo"
+expect_refused "-o onto a FIFO" "not a regular file" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 -o "$tmp/fifo"
+[ -p "$tmp/fifo" ]
+check "the FIFO is still a FIFO" $? "$(ls -l "$tmp/fifo")"
+expect_refused "-o empty" "-o is empty" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 -o ""
+expect_refused "decode -o empty" "-o is empty" decode -m "$sd" --load-latent "$tmp/none.safetensors" -o ""
+mkdir "$tmp/ro" && chmod 555 "$tmp/ro"
+if [ "$(id -u)" -ne 0 ]; then
+  expect_refused "-o in a read-only folder" "cannot write into folder" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 -o "$tmp/ro/x.png"
+elif command -v setpriv >/dev/null; then
+  chmod 777 "$tmp"
+  runner="setpriv --reuid=65534 --regid=65534 --clear-groups"
+  expect_refused "-o in a read-only folder (as nobody)" "cannot write into folder" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 --no-cache -o "$tmp/ro/x.png"
+  runner=""
+fi
+# the temporary PNG is not "<path>.tmp" (shared by two runs with the same -o): a folder of that
+# name in the way does not stop the write, and no temporary file is left
+mkdir "$tmp/out.png.tmp"
+"$easel" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 --no-cache -o "$tmp/out.png" >/dev/null 2>"$tmp/err.txt"
+[ -f "$tmp/out.png" ] && [ -z "$(ls -A "$tmp" | grep -E '\.tmp$' | grep -v '^out.png.tmp$')" ]
+check "PNG written past a folder named out.png.tmp, no temporary left" $? "$(cat "$tmp/err.txt"; ls -A "$tmp")"
 
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]
