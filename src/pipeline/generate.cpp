@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string_view>
 #include <thread>
 
 namespace easel::pipeline {
@@ -87,6 +88,43 @@ struct Setup {
     ggml_backend_dev_t device = nullptr;
 };
 
+/// Byte offset of the first byte of `s` that does not start or continue a well-formed UTF-8
+/// sequence (Unicode 15, table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF;
+/// a sequence cut off at the end gives its lead byte), or std::string::npos when all of `s` is well-formed.
+size_t first_invalid_utf8(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const auto b = (unsigned char)s[i];
+        int n = 0;
+        unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+        if (b < 0x80) { ++i; continue; }
+        if (b >= 0xC2 && b <= 0xDF) n = 1;
+        else if (b == 0xE0) { n = 2; lo = 0xA0; }
+        else if (b == 0xED) { n = 2; hi = 0x9F; }
+        else if (b >= 0xE1 && b <= 0xEF) n = 2;
+        else if (b == 0xF0) { n = 3; lo = 0x90; }
+        else if (b == 0xF4) { n = 3; hi = 0x8F; }
+        else if (b >= 0xF1 && b <= 0xF3) n = 3;
+        else return i;
+        for (int k = 1; k <= n; ++k) {
+            if (i + k >= s.size()) return i;  // cut off at the end: the lead byte starts no whole character
+            const auto c = (unsigned char)s[i + k];
+            if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i + k;
+        }
+        i += n + 1;
+    }
+    return std::string::npos;
+}
+
+/// Refuses a prompt that is not UTF-8 (the tokenizers and the PNG metadata need text): one line
+/// with the flag, the byte and its offset. Throws Error(InvalidInput).
+void check_utf8(const std::string& text, const char* flag) {
+    const size_t at = first_invalid_utf8(text);
+    if (at == std::string::npos) return;
+    fail(ErrorKind::InvalidInput, "{} is not valid UTF-8 (byte 0x{:02X} at offset {}): pass UTF-8 text", flag,
+         (unsigned)(unsigned char)text[at], at);
+}
+
 Setup resolve(const GenerateParams& params) {
     Setup s;
     s.p = params;
@@ -97,6 +135,8 @@ Setup resolve(const GenerateParams& params) {
         log::info("no -m given: using the bundled demo model {}", p.model);
     }
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
+    check_utf8(p.prompt, "-p/--prompt");
+    check_utf8(p.negative_prompt, "-n/--negative-prompt");
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);
     if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
     if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);

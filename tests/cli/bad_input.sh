@@ -58,9 +58,17 @@ fi
 # the temporary PNG is not "<path>.tmp" (shared by two runs with the same -o): a folder of that
 # name in the way does not stop the write, and no temporary file is left
 mkdir "$tmp/out.png.tmp"
-"$easel" generate -m "$sd" -p x --steps 1 -W 64 -H 64 -t 1 --no-cache -o "$tmp/out.png" >/dev/null 2>"$tmp/err.txt"
+"$easel" generate -m "$sd" -p "é 猫 🐱 x" --steps 1 -W 64 -H 64 -t 1 --no-cache -o "$tmp/out.png" >/dev/null 2>"$tmp/err.txt"
 [ -f "$tmp/out.png" ] && [ -z "$(ls -A "$tmp" | grep -E '\.tmp$' | grep -v '^out.png.tmp$')" ]
-check "PNG written past a folder named out.png.tmp, no temporary left" $? "$(cat "$tmp/err.txt"; ls -A "$tmp")"
+check "PNG written past a folder named out.png.tmp (prompt of valid UTF-8), no temporary left" $? "$(cat "$tmp/err.txt"; ls -A "$tmp")"
+
+# F12: a prompt that is not UTF-8 failed after text encoding and denoising with a raw json
+# exception; now refused up front with the byte and its offset
+expect_refused "-p with bytes 0xFF 0xFE" "-p/--prompt is not valid UTF-8 (byte 0xFF at offset 2)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p "$(printf 'a \xff\xfe red \xc3 circle')" -o "$tmp/out.png"
+expect_refused "-n ending in a truncated sequence" "-n/--negative-prompt is not valid UTF-8 (byte 0xE7 at offset 4)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p ok -n "$(printf 'bad \xe7\x8c')" -o "$tmp/out.png"
+expect_refused "-p with an overlong '/' (0xC0 0xAF)" "(byte 0xC0 at offset 1)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p "$(printf 'x\xc0\xaf')" -o "$tmp/out.png"
+expect_refused "-p with a UTF-16 surrogate (0xED 0xA0 0x80)" "(byte 0xA0 at offset 2)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p "$(printf 'x\xed\xa0\x80')" -o "$tmp/out.png"
+expect_refused "encode-prompt -p invalid" "not valid UTF-8" encode-prompt -m "$sd" -p "$(printf '\xff')" --save-embeddings "$tmp/c.safetensors"
 
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]
