@@ -106,7 +106,15 @@ int main(int argc, char** argv) {
     try {
         app.parse(args);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        // --help and --version (exit code 0) print as CLI11 does; a parse error follows easel's
+        // error convention: one line "error: ...", exit 1 (CLI11 would print two lines, exit 101-127).
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::string m = e.what();
+        for (auto& c : m)
+            if (c == '\n') c = ' ';
+        while (!m.empty() && m.back() == ' ') m.pop_back();
+        std::fprintf(stderr, "error: %s (see --help)\n", m.c_str());
+        return 1;
     }
 
     try {

@@ -10,7 +10,7 @@ tmp=$(mktemp -d)
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
 
-# expect_refused NAME PATTERN CMD ARGS...: a failing exit status that is not a crash (1..127), stderr holds PATTERN,
+# expect_refused NAME PATTERN CMD ARGS...: exit status 1, one stderr line "error: ...PATTERN...", stderr holds PATTERN,
 # no stage ran (no "stage " line), no out.png.
 expect_refused() {
   local name="$1" pattern="$2"
@@ -18,7 +18,8 @@ expect_refused() {
   rm -f "$tmp/out.png"
   err=$(timeout 60 ${runner:-} "$easel" "$@" 2>&1 >/dev/null)
   rc=$?
-  if [ "$rc" -lt 1 ] || [ "$rc" -gt 127 ] || [[ "$err" != *"$pattern"* ]] || [[ "$err" == *"stage "* ]] || [ -e "$tmp/out.png" ]; then
+  lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ "$rc" -ne 1 ] || [ "$lines" -ne 1 ] || [[ "$err" != "error: "* ]] || [[ "$err" != *"$pattern"* ]] || [[ "$err" == *"stage "* ]] || [ -e "$tmp/out.png" ]; then
     echo "FAIL $name: exit $rc: $err"
     fails=$((fails + 1))
   else
@@ -69,6 +70,17 @@ expect_refused "-n ending in a truncated sequence" "-n/--negative-prompt is not 
 expect_refused "-p with an overlong '/' (0xC0 0xAF)" "(byte 0xC0 at offset 1)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p "$(printf 'x\xc0\xaf')" -o "$tmp/out.png"
 expect_refused "-p with a UTF-16 surrogate (0xED 0xA0 0x80)" "(byte 0xA0 at offset 2)" generate -m "$sd" -t 1 --steps 1 -W 64 -H 64 -p "$(printf 'x\xed\xa0\x80')" -o "$tmp/out.png"
 expect_refused "encode-prompt -p invalid" "not valid UTF-8" encode-prompt -m "$sd" -p "$(printf '\xff')" --save-embeddings "$tmp/c.safetensors"
+
+# F10: CLI11's parse errors (range, conversion, missing argument, unknown flag) follow the same
+# convention as easel's own errors: one line "error: ...", exit 1 (they were two lines, exit 104-109)
+expect_refused "--steps 0 (range)" "--steps" generate -m "$sd" -p a --steps 0 -o "$tmp/out.png"
+expect_refused "-W abc (conversion)" "--width" generate -m "$sd" -p a -W abc -o "$tmp/out.png"
+expect_refused "--strength 1.5 (range)" "--strength" generate -m "$sd" -p a --strength 1.5 -o "$tmp/out.png"
+expect_refused "-M vid_gen (not a member)" "vid_gen" generate -m "$sd" -p a -M vid_gen -o "$tmp/out.png"
+expect_refused "inspect without a file (required)" "files" inspect
+expect_refused "unknown flag" "--no-such-flag" generate -m "$sd" -p a --no-such-flag -o "$tmp/out.png"
+"$easel" generate --help >/dev/null 2>&1
+check "--help still exits 0" $? "exit $?"
 
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]
