@@ -135,6 +135,8 @@ Setup resolve(const GenerateParams& params) {
         log::info("no -m given: using the bundled demo model {}", p.model);
     }
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
+    if (!std::isfinite(p.eta)) fail(ErrorKind::InvalidInput, "--eta must be a finite number");
+    if (!std::isfinite(p.flow_shift)) fail(ErrorKind::InvalidInput, "--flow-shift must be a finite number");
     check_utf8(p.prompt, "-p/--prompt");
     check_utf8(p.negative_prompt, "-n/--negative-prompt");
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);

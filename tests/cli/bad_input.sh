@@ -82,5 +82,11 @@ expect_refused "unknown flag" "--no-such-flag" generate -m "$sd" -p a --no-such-
 "$easel" generate --help >/dev/null 2>&1
 check "--help still exits 0" $? "exit $?"
 
+# F11: non-finite --eta / --flow-shift ran (only --cfg-scale was checked)
+for v in nan inf -inf; do
+  expect_refused "--eta $v" "--eta must be a finite number" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 --eta $v -o "$tmp/out.png"
+  expect_refused "--flow-shift $v" "--flow-shift must be a finite number" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 --flow-shift $v -o "$tmp/out.png"
+done
+
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]
