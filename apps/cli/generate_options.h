@@ -42,7 +42,18 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--eta", p.eta, "Eta for DDIM-style samplers (default 0)")->group(g);
     app.add_option("--flow-shift", p.flow_shift, "Shift for flow-matching models (default: auto)")->group(g);
     app.add_option("--prediction", p.prediction, "Override the prediction type: eps, v")->group(g);
-    app.add_option("-s,--seed", p.seed, "RNG seed (default 42; < 0: random, printed)")->group(g);
+    app.add_option("-s,--seed", p.seed, "RNG seed (default 42; < 0: random, printed)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {  // CLI11 would clamp an out-of-range value to INT64_MAX silently
+                errno = 0;
+                char* end = nullptr;
+                (void)std::strtoll(v.c_str(), &end, 10);
+                if (end != v.c_str() && *end == '\0' && errno == ERANGE)
+                    return v + " is outside the seed range -9223372036854775808..9223372036854775807";
+                return {};
+            },
+            "", "seed range"))
+        ->group(g);
     app.add_option("--rng", p.rng, "Noise RNG: cuda (A1111, default), cpu (ComfyUI), std_default")->group(g);
     app.add_option("--sampler-rng", p.sampler_rng, "RNG of ancestral samplers (default: --rng)")->group(g);
 

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <random>
 #include <string_view>
@@ -137,6 +138,10 @@ Setup resolve(const GenerateParams& params) {
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
     if (!std::isfinite(p.eta)) fail(ErrorKind::InvalidInput, "--eta must be a finite number");
     if (!std::isfinite(p.flow_shift)) fail(ErrorKind::InvalidInput, "--flow-shift must be a finite number");
+    // image b uses seed + b: the last one must still be a valid (non-negative) int64 seed
+    if (p.seed >= 0 && p.seed > std::numeric_limits<int64_t>::max() - (p.batch_count - 1))
+        fail(ErrorKind::InvalidInput, "-s {} with -b {}: the seeds of the later images pass {}; pass a smaller -s", p.seed,
+             p.batch_count, std::numeric_limits<int64_t>::max());
     check_utf8(p.prompt, "-p/--prompt");
     check_utf8(p.negative_prompt, "-n/--negative-prompt");
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);

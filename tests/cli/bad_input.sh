@@ -88,5 +88,14 @@ for v in nan inf -inf; do
   expect_refused "--flow-shift $v" "--flow-shift must be a finite number" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 --flow-shift $v -o "$tmp/out.png"
 done
 
+# F13: seed + image index overflowed int64 (negative seeds in the PNGs), and an -s past int64 was
+# clamped silently
+expect_refused "-s INT64_MAX -b 3" "the seeds of the later images pass 9223372036854775807" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 -s 9223372036854775807 -b 3 -o "$tmp/out_%d.png"
+expect_refused "-s 2^64" "outside the seed range" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 -s 99999999999999999999 -o "$tmp/out.png"
+rm -f "$tmp"/out*.png
+"$easel" generate -m "$sd" -p a -t 1 --steps 1 -W 64 -H 64 --no-cache -s 9223372036854775806 -b 2 -o "$tmp/max_%d.png" >/dev/null 2>&1
+[ -f "$tmp/max_1.png" ] && [ -f "$tmp/max_2.png" ]
+check "-s INT64_MAX-1 -b 2 still runs (last seed INT64_MAX)" $? "$(ls "$tmp")"
+
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]
