@@ -18,24 +18,28 @@
 // drawn here the way tools/demo-model/shapes.py draws the training data, and the two diffusers
 // reference images whose Python analysis is stored in tests/data/reference/demo/cases.json).
 //
-// DemoChecks.DISABLED_PromptsDrawWhatTheyAsk is the issue's model test. It is DISABLED because the
-// current model does not pass it, and passing it by picking lucky seeds would prove nothing:
+// DemoChecks.PromptsDrawWhatTheyAsk is the issue's model test: "for at least 8 prompts covering colour,
+// shape, position, size and background, with fixed seeds, the image satisfies measured checks".
 //   * Prompts: the 12 of TEST_PROMPTS in tools/demo-model/train.py, fixed before any image was seen
 //     (every shape, position and size; 11 of the 12 colours as object or background; two
 //     small/large pairs; no held-out colour/shape pair). Seed 1 for every prompt, fixed in advance.
-//   * Measured accuracy of the shipped model (GPU run 9, models/demo/README.md, 64 in-distribution
-//     prompts, 256x256, 20 Euler steps, CFG 5): background 1.00, object colour 0.73, side 1.00,
-//     size 0.98 (run 7, shipped before: side 0.20, at chance; run 9's zero-terminal-SNR schedule fixed it,
+//     None is chosen after seeing an image: the test asks for the issue's 8 of these 12 to pass every
+//     check, and every prompt's failed checks are printed.
+//   * Every image, passing or not, must fail every negative control (a check run against a wrong
+//     expectation), and each small object must be smaller than its large twin.
+//   * Measured with the shipped model (GPU run 9, models/demo/README.md, 64 in-distribution prompts,
+//     256x256, 20 Euler steps, CFG 5): background 1.00, object colour 0.73, side 1.00, size 0.98 (run 7,
+//     shipped before: side 0.20, at chance; run 9's zero-terminal-SNR schedule fixed it,
 //     tools/demo-model/README.md). With these prompts and seed 1, easel's images (CFG 5) pass 8 of 12
 //     prompts: background 11 of 12 (the large orange ring's image has an orange background), colour 9
 //     (small red circle drawn orange, large green square brown, large purple star grey), side 12, size 12,
 //     both small/large pairs and every negative control right; the GPU run's diffusers images pass 8 of 12
 //     for seed 1 and 31 of 48 for seeds 1-4. The failures are object colours (and one background), the
-//     model's weakest attribute, not luck of the seed.
+//     model's weakest attribute. The shapes themselves are not checked (the issue's checks are colour,
+//     side, background and size); the model draws most of them as blobs.
 //   * CFG: the scale of tests/data/reference/demo/cases.json (5 now; tools/demo-model/adopt_run.sh
-//     brings the one a new run chose). Enable the test once a model passes it with these prompts
-//     and seeds; if it needs other seeds, say here how they were chosen.
-// Run it with --gtest_also_run_disabled_tests (12 images at 256x256, about 4-5 s each on 2 cores).
+//     brings the one a new run chose).
+// 12 images at 256x256, one thread: about 8-10 s each.
 #include "pipeline/generate.h"
 #include "pipeline/image_io.h"
 
@@ -368,7 +372,7 @@ const char* const kPrompts[] = {
 };
 constexpr int kSeed = 1;
 
-TEST(DemoChecks, DISABLED_PromptsDrawWhatTheyAsk) {
+TEST(DemoChecks, PromptsDrawWhatTheyAsk) {
     const fs::path model = fs::path(EASEL_SOURCE_DIR) / "models" / "demo" / "easel-demo-shapes.safetensors";
     // the CFG scale the model's parity references were made with: the one its card recommends
     // (tools/demo-model/train.py --ref-cfg auto picks the best measured one)
@@ -388,6 +392,9 @@ TEST(DemoChecks, DISABLED_PromptsDrawWhatTheyAsk) {
         p.sampling_method = "euler";
         p.scheduler = "discrete";
         p.rng = "cpu";
+        // one thread: ctest runs two tests at once on CI's 2 cores, and ggml's spinning workers of two
+        // processes sharing 2 cores slow each other many times over (it timed out at 600 s beside a build)
+        p.threads = 1;
         p.output = (fs::path(testing::TempDir()) / ("easel_demo_checks_" + std::to_string(getpid()) + ".png")).string();
         const auto report = easel::pipeline::generate(p);
         ASSERT_EQ(report.outputs.size(), 1u);
@@ -397,16 +404,16 @@ TEST(DemoChecks, DISABLED_PromptsDrawWhatTheyAsk) {
         const Expect e = parse_prompt(prompt);
         const Checks k = check(e, a), w = check(wrong(e), a);
         passed += k.all();
-        EXPECT_TRUE(k.bg) << prompt << ": " << describe(a);
-        EXPECT_TRUE(k.colour) << prompt << ": " << describe(a);
-        EXPECT_TRUE(k.pos) << prompt << ": " << describe(a);
-        EXPECT_TRUE(k.size) << prompt << ": " << describe(a);
+        if (!k.all())
+            std::printf("demo checks: \"%s\" fails%s%s%s%s: %s\n", prompt, k.bg ? "" : " background",
+                        k.colour ? "" : " colour", k.pos ? "" : " side", k.size ? "" : " size", describe(a).c_str());
         EXPECT_FALSE(w.bg || w.colour || w.pos || w.size) << prompt << " (negative control): " << describe(a);
     }
     // the (small, large) pairs: prompts 0/1 and 2/3 differ only in the size word
     EXPECT_LT(got[1].area, got[0].area);
     EXPECT_LT(got[2].area, got[3].area);
     std::printf("demo checks: %d of %zu prompts pass every check\n", passed, got.size());
+    EXPECT_GE(passed, 8) << "the issue asks for at least 8 prompts whose images pass every check";
 }
 
 }  // namespace
