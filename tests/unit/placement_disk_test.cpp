@@ -11,6 +11,7 @@
 #include "runtime/graph_runner.h"
 #include "runtime/sequence_runner.h"
 #include "rpc_servers.h"
+#include "unet_tiny_fixture.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -30,36 +31,8 @@ namespace {
 const std::filesystem::path kRef = std::filesystem::path(EASEL_TEST_DATA) / "reference";
 constexpr double kMiB = 1048576.0;
 
-std::vector<float> read(const io::WeightIndex& idx, const std::string& name) {
-    const io::TensorInfo* t = idx.find(name);
-    if (!t) throw std::runtime_error("fixture lacks " + name);
-    return idx.read_f32(*t);
-}
-
-/// The unet_sd15_tiny fixture (diffusers UNet2DConditionModel, random weights) with its inputs.
-struct Unet {
-    io::WeightIndex idx = io::WeightIndex::open(kRef / "unet_sd15_tiny.safetensors");
-    UNetConfig cfg = infer_unet_config(idx, unet_overrides_from_diffusers_config(
-                                                nlohmann::json::parse(std::ifstream(kRef / "unet_sd15_tiny.json")).at("config")));
-    nn::TensorSource src = make_unet_source(idx, cfg);
-    UNet2DCondition net{cfg};
-    std::vector<float> sample = read(idx, "__input__.sample"), t = read(idx, "__input__.timestep"),
-                       ctx = read(idx, "__input__.encoder_hidden_states");
-    nn::LoadOptions opt() const {
-        nn::LoadOptions o;
-        o.check_unexpected = false;  // the fixture also holds __input__/__output__ tensors
-        return o;
-    }
-    UNetInputs inputs(runtime::GraphBuilder& g) const {
-        UNetInputs in;
-        in.sample = g.input_f32("sample", {16, 16, 4, 2}, sample);
-        in.timestep = g.input_f32("timestep", {2}, t);
-        in.context = g.input_f32("context", {32, 77, 2}, ctx);
-        return in;
-    }
-};
-
-using Runner = runtime::SequenceRunner<UNetInputs, UNetState, ggml_tensor*>;
+using Unet = test_support::TinyUnet;
+using Runner = test_support::TinyUnetRunner;
 
 /// The whole UNet as one graph on the CPU (nn::ParamBuffer::load): the reference.
 std::vector<float> one_graph(Unet& u) {
@@ -157,7 +130,7 @@ TEST(PlacementDisk, UnetDiskSegmentsOnCpuMatchOneGraphBitwise) {
     const auto ref = one_graph(u);
     EXPECT_LT([&] {
         float m = 0;
-        auto e = read(u.idx, "__output__.sample");
+        auto e = test_support::read_fixture(u.idx, "__output__.sample");
         for (size_t i = 0; i < e.size(); ++i) m = std::max(m, std::fabs(e[i] - ref[i]));
         return m;
     }(), 1e-4f);  // the reference is diffusers' output

@@ -15,6 +15,7 @@
 #include "placement/plan.h"
 #include "runtime/sequence_runner.h"
 #include "rpc_servers.h"
+#include "unet_tiny_fixture.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -39,36 +40,8 @@ easel::test_support::RpcServers& servers() {
     return s;
 }
 
-std::vector<float> read(const io::WeightIndex& idx, const std::string& name) {
-    const io::TensorInfo* t = idx.find(name);
-    if (!t) throw std::runtime_error("fixture lacks " + name);
-    return idx.read_f32(*t);
-}
-
-/// The tiny SD1.5-layout UNet fixture (tests/data/reference/unet_sd15_tiny.*).
-struct Unet {
-    io::WeightIndex idx = io::WeightIndex::open(kRef / "unet_sd15_tiny.safetensors");
-    UNetConfig cfg = infer_unet_config(idx, unet_overrides_from_diffusers_config(
-                                                nlohmann::json::parse(std::ifstream(kRef / "unet_sd15_tiny.json")).at("config")));
-    nn::TensorSource src = make_unet_source(idx, cfg);
-    UNet2DCondition net{cfg};
-    std::vector<float> sample = read(idx, "__input__.sample"), t = read(idx, "__input__.timestep"),
-                       ctx = read(idx, "__input__.encoder_hidden_states");
-    nn::LoadOptions opt() const {
-        nn::LoadOptions o;
-        o.check_unexpected = false;  // the fixture also holds __input__/__output__ tensors
-        return o;
-    }
-    UNetInputs inputs(runtime::GraphBuilder& g) const {
-        UNetInputs in;
-        in.sample = g.input_f32("sample", {16, 16, 4, 2}, sample);
-        in.timestep = g.input_f32("timestep", {2}, t);
-        in.context = g.input_f32("context", {32, 77, 2}, ctx);
-        return in;
-    }
-};
-
-using Runner = runtime::SequenceRunner<UNetInputs, UNetState, ggml_tensor*>;
+using Unet = test_support::TinyUnet;
+using Runner = test_support::TinyUnetRunner;
 
 /// What one planned run gives.
 struct StreamRun {
