@@ -84,7 +84,7 @@ int main_impl(int argc, char** argv) {
     uint64_t seed = 1;
     CLI::App app{"easel-bench-multigpu: the full-size Z-Image DiT under single-device, layer-split, row-split and capped placements"};
     app.add_option("--devices", devices_arg, "two or more runtime devices, comma-separated (default: every GPU)");
-    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, layer, row, capped, autofit (default all but autofit)");
+    app.add_option("--modes", modes_arg, "modes to run, comma-separated: single, ulp (one device, input moved by one ulp), layer, row, capped, autofit; MODE@f32: F32 matmul compute (default single,layer,row,capped)");
     app.add_option("--size", size, "image side in pixels, a multiple of 16 (default 1024)")->check(CLI::Range(16, 4096));
     app.add_option("--tokens", tokens, "caption tokens (default 128)")->check(CLI::Range(1, 1024));
     app.add_option("--type", type, "matmul weight type: bf16, q8_0 or f32 (default bf16; f32: the BF16 file converted at load, cuBLAS in full F32)")->check(CLI::IsMember({"bf16", "q8_0", "f32"}));
@@ -139,13 +139,19 @@ int main_impl(int argc, char** argv) {
 
     const int64_t lat = size / 8, C = cfg.in_channels, D = cfg.cap_feat_dim;
     const std::vector<float> x = uniform_values((size_t)(C * lat * lat), seed ^ 0x5eedull);
+    // mode "ulp": the input latent with every element moved to the next float up (one unit in
+    // the last place), run on one device: the output's change is the network's own sensitivity
+    // to float32 rounding, the floor any split's summation order is measured against
+    std::vector<float> x_ulp(x);
+    for (auto& v : x_ulp) v = std::nextafter(v, INFINITY);
+    const std::vector<float>* x_in = &x;
     const std::vector<float> cap = uniform_values((size_t)(tokens * D), seed ^ 0xca9ull);
     const std::vector<float> tv{0.5f};
     const zi::ZImageRope rope = zi::make_rope(cfg, lat, lat, tokens);
     const int64_t half = cfg.head_dim / 2;
     auto mk = [&](runtime::GraphBuilder& g) {
         zi::ZImageInputs in;
-        in.x = g.input_f32("x", {lat, lat, C, 1}, x);
+        in.x = g.input_f32("x", {lat, lat, C, 1}, *x_in);
         in.t = g.input_f32("t", {1}, tv);
         in.cap = g.input_f32("cap", {D, tokens, 1}, cap);
         in.rope_cos = g.input_f32("rope_cos", {half, rope.tokens()}, rope.cos);
@@ -167,15 +173,16 @@ int main_impl(int argc, char** argv) {
         const std::string mode = f32 ? mode_arg.substr(0, mode_arg.size() - 4) : mode_arg;
         if (f32) ::setenv("GGML_CUDA_CUBLAS_COMPUTE_TYPE", "f32", 1);
         else ::unsetenv("GGML_CUDA_CUBLAS_COMPUTE_TYPE");
-        if (mode != "single" && mode != "layer" && mode != "row" && mode != "capped" && mode != "autofit")
-            fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, layer, row, capped, autofit)", mode);
+        if (mode != "single" && mode != "ulp" && mode != "layer" && mode != "row" && mode != "capped" && mode != "autofit")
+            fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, ulp, layer, row, capped, autofit)", mode);
+        x_in = mode == "ulp" ? &x_ulp : &x;
         runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*> r(net, net, src, lo, threads, fa);
         if (mode == "row") r.set_row_split(placement::zimage_row_split_rules(net));
         auto costs = r.costs(mk, sel, "Z-Image DiT");
         placement::ModulePlacement place;
         std::map<std::string, uint64_t> budgets;
         bool stream = false;
-        if (mode == "single") {
+        if (mode == "single" || mode == "ulp") {
             place.devices = {devs[0]};
         } else {
             place.devices = devs;
