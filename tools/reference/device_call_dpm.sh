@@ -1,0 +1,17 @@
+# GPU-machine run "dpm" (tryout finding F19): diffusers' DPMSolverMultistepScheduler (dpmsolver++, order 2,
+# Karras / linspace sigmas), EulerDiscreteScheduler and HeunDiscreteScheduler (exponential / linspace sigmas) on
+# the bundled demo model (v-prediction, zero terminal SNR), CPU float32, noise of torch.Generator("cpu")
+# seeded 42 (= easel --rng cpu -s 42). Script: tools/reference/dpm_check.py (its docstring lists the outputs).
+# Usage (repo root, $OUT set): bash tools/reference/device_call_dpm.sh
+#   (run tool: timeout_s 600, carry [".carry/diffusers.tar.xz"])
+# Back in $OUT: summary.json, <case>.png, <case>.safetensors for the 11 cases, log.
+set -o pipefail
+T0=$(date +%s)
+source tools/reference/device_setup.sh
+{
+date +%T; nproc
+timeout 540 python3 tools/reference/dpm_check.py --model models/demo/easel-demo-shapes.safetensors \
+    --tok tests/data/reference/sd_tiny/diffusers/tokenizer --out $OUT || echo "FAILED dpm_check after $(( $(date +%s) - T0 )) s"
+sha256sum models/demo/easel-demo-shapes.safetensors
+date +%T; echo "total $(( $(date +%s) - T0 )) s"
+} 2>&1 | tee $OUT/log
