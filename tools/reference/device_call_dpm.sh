@@ -4,14 +4,16 @@
 # seeded 42 (= easel --rng cpu -s 42). Script: tools/reference/dpm_check.py (its docstring lists the outputs).
 # Usage (repo root, $OUT set): bash tools/reference/device_call_dpm.sh
 #   (run tool: timeout_s 600, carry [".carry/diffusers.tar.xz"])
-# Back in $OUT: summary.json, <case>.png, <case>.safetensors for the 11 cases, log.
+# Back in $OUT (at most 8 files come back): summary.json, log, dpm.tar (dpm/<case>.png, dpm/<case>.safetensors
+# and dpm/summary.json for the 11 cases, about 5 MB).
 set -o pipefail
 T0=$(date +%s)
 source tools/reference/device_setup.sh
 {
 date +%T; nproc
-timeout 540 python3 tools/reference/dpm_check.py --model models/demo/easel-demo-shapes.safetensors \
-    --tok tests/data/reference/sd_tiny/diffusers/tokenizer --out $OUT || echo "FAILED dpm_check after $(( $(date +%s) - T0 )) s"
+timeout 520 python3 tools/reference/dpm_check.py --model models/demo/easel-demo-shapes.safetensors \
+    --tok tests/data/reference/sd_tiny/diffusers/tokenizer --out $W/dpm || echo "FAILED dpm_check after $(( $(date +%s) - T0 )) s"
+cp $W/dpm/summary.json $OUT/ ; tar -C $W -cf $OUT/dpm.tar dpm
 sha256sum models/demo/easel-demo-shapes.safetensors
 date +%T; echo "total $(( $(date +%s) - T0 )) s"
 } 2>&1 | tee $OUT/log

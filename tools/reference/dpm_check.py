@@ -9,7 +9,7 @@ Builds diffusers' StableDiffusionPipeline from the single file exactly as tools/
 file's unet_config metadata), runs it on the CPU in float32 with the initial noise of
 torch.Generator("cpu").manual_seed(seed) (what `easel generate --rng cpu -s seed` draws), and writes for
 every case OUT/<name>.png, OUT/<name>.safetensors (noise, sigmas, timesteps, step_latents: the latent
-after every scheduler step, step_x0: the scheduler's x0 prediction of every step, image) and a line in
+after every scheduler step, step_x0: the scheduler's x0 prediction of every step) and a line in
 OUT/summary.json (scheduler config, per-step sigma / |latent| / |x0| RMS, train.analyse() of the image and
 check() against the prompt). Latent forms: DPMSolverMultistepScheduler keeps VP samples
 (alpha * x, alpha = 1/sqrt(sigma^2 + 1)); Euler/Heun keep k-diffusion's x = x0 + sigma * noise.
@@ -128,7 +128,7 @@ def run_case(pipe, name, kind, opts, prompt, steps, seed, cfg, out):
     res = train.analyse(img[0].float())
     chk = train.check(train.parse_prompt(prompt), res)
     tensors = {"noise": noise, "sigmas": sched.sigmas.float(), "timesteps": sched.timesteps.float(),
-               "step_latents": torch.cat(lat), "image": img.float()}
+               "step_latents": torch.cat(lat)}
     if x0s:
         tensors["step_x0"] = torch.cat(x0s)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, name + ".safetensors"))
