@@ -292,7 +292,12 @@ int main_impl(int argc, char** argv) {
     if (!json_path.empty()) {
         std::string command_line;
         for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
-        json doc = {{"bench", "multigpu"},       {"easel_version", EASEL_VERSION}, {"ggml_commit", EASEL_GGML_COMMIT},
+        // the variables that change the CUDA arithmetic (TF32 tensor cores, the device count,
+        // the all-reduce of a row split), so a result file says what precision it measured
+        json env = json::object();
+        for (const char* v : {"NVIDIA_TF32_OVERRIDE", "GGML_CUDA_ALLREDUCE", "GGML_CUDA_DEVICES"})
+            if (const char* val = std::getenv(v)) env[v] = val;
+        json doc = {{"bench", "multigpu"},       {"easel_version", EASEL_VERSION}, {"ggml_commit", EASEL_GGML_COMMIT}, {"environment", env},
                     {"date", utc_now()},         {"command_line", command_line},   {"config", cfg.summary()},
                     {"devices", devs},           {"results", results}};
         std::ofstream f(json_path);
