@@ -31,7 +31,7 @@ EASEL_COMMAND(
         sub.footer(
             "sd-cli's flags work as they are, also without the word `generate` (easel -m ... -p ...).\n"
             "Examples:\n"
-            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256\n"
+            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256 --sampling-method euler --cfg-scale 5\n"
             "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
             "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
             "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png");

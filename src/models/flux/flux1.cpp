@@ -530,6 +530,10 @@ void Flux1::unload(Module m) {
     case Module::Diffusion:
         dit_.reset();
         dit_runner_.reset();
+        if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) {  // the closing memory line names its devices
+            dit_plans_done_ = {placed_dit_->placed->current_plan()};
+            dit_peaks_done_ = placed_dit_->placed->peaks();
+        }
         placed_dit_.reset();
         break;
     case Module::VaeDecoder:
@@ -693,6 +697,7 @@ vae::HostTensor Flux1::decode(const vae::HostTensor& latent, const vae::TilingOp
     load(Module::VaeDecoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
     if (placed_vae_) return placed_vae_->decode(z, tiling);
@@ -703,6 +708,7 @@ vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOpt
     load(Module::VaeEncoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
     return vae_enc_->encode(image, tiling, ex);
 }
 
@@ -801,6 +807,7 @@ std::vector<placement::ModulePlan> Flux1::placement_plans() const {
         r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     }
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
@@ -812,6 +819,7 @@ std::map<std::string, uint64_t> Flux1::placement_peaks() const {
         for (auto& [d, b] : m) p[d] = std::max(p[d], b);
     };
     if (placed_te_) merge(te_peaks(*placed_te_));
+    merge(dit_peaks_done_);
     if (placed_dit_) merge(placed_dit_->placed->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());

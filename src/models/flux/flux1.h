@@ -173,6 +173,8 @@ private:
     std::map<std::string, uint64_t> te_peaks_done_;
     /// The VAE decoder under FamilyOptions::placement (the VAE encoder and TAEF2 run whole).
     std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
+    std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
     std::map<std::string, uint64_t> vae_peaks_done_;
     /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.

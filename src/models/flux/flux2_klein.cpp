@@ -668,6 +668,10 @@ void Flux2Klein::unload(Module m) {
     case Module::Diffusion:
         dit_.reset();
         dit_runner_.reset();
+        if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) {  // the closing memory line names its devices
+            dit_plans_done_ = {placed_dit_->placed->current_plan()};
+            dit_peaks_done_ = placed_dit_->placed->peaks();
+        }
         placed_dit_.reset();
         break;
     case Module::VaeDecoder:
@@ -823,6 +827,7 @@ vae::HostTensor Flux2Klein::decode(const vae::HostTensor& latent, const vae::Til
     load(Module::VaeDecoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = flux2_diffusion_to_vae(latent, stats_);
     if (taesd_) {
         return taesd_->decode(z, ex);
@@ -835,6 +840,7 @@ vae::HostTensor Flux2Klein::vae_encode_mean(const vae::HostTensor& image, const 
     load(Module::VaeEncoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
     vae::LatentDist d = vae_enc_->encode(image, tiling, ex);
     if (logvar) *logvar = std::move(d.logvar);
     return std::move(d.mean);
@@ -948,6 +954,7 @@ std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
     if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
@@ -959,6 +966,7 @@ std::map<std::string, uint64_t> Flux2Klein::placement_peaks() const {
         for (auto& [d, b] : m) p[d] = std::max(p[d], b);
     };
     if (placed_te_) merge(placed_te_->placed->peaks());
+    merge(dit_peaks_done_);
     if (placed_dit_) merge(placed_dit_->placed->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());

@@ -270,7 +270,7 @@ std::string StableDiffusion::describe() const {
     if (zsnr_) sched += ", zero terminal SNR (" + zsnr_src_ + ")";
     if (sched_opt_.spacing != sampling::Spacing::Linspace)
         sched += sched_opt_.spacing == sampling::Spacing::Leading ? ", leading timestep spacing" : ", trailing timestep spacing";
-    return fmt::format("{} ({}), UNet {}, {} prediction{}{}", name(), model_desc_, ucfg_.summary(), pred, sched,
+    return fmt::format("{} ({}), {}, {} prediction{}{}", name(), model_desc_, ucfg_.summary(), pred, sched,  // summary() starts with "UNet"
                        te_desc_.empty() ? "" : ", text encoder " + te_desc_);
 }
 
@@ -432,6 +432,10 @@ void StableDiffusion::unload(Module m) {
     case Module::Diffusion:
         unet_.params = nn::ParamBuffer();
         unet_.net.reset();
+        if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) {  // the closing memory line names its devices
+            dit_plans_done_ = {placed_unet_->current_plan()};
+            dit_peaks_done_ = placed_unet_->peaks();
+        }
         placed_unet_.reset();
         unet_runner_.reset();
         break;
@@ -599,6 +603,7 @@ vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae
     vae::ExecOptions ex;
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     if (taesd_) return taesd_->decode(latent, ex);
     vae::HostTensor z = latent;
     for (auto& v : z.data) v /= scaling_factor_;
@@ -611,6 +616,7 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
     vae::ExecOptions ex;
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
     return vae_enc_->encode(image, tiling, ex);
 }
 
@@ -680,6 +686,7 @@ std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
     if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) r.push_back(placed_unet_->current_plan());
+    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
@@ -695,6 +702,7 @@ std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
         merge(placed_te_->old_peaks);
         if (placed_te_->placed) merge(placed_te_->placed->peaks());
     }
+    merge(dit_peaks_done_);
     if (placed_unet_) merge(placed_unet_->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());

@@ -164,6 +164,8 @@ private:
     /// The VAE decoder under FamilyOptions::placement (not with --taesd), and its plan and
     /// measured peaks kept when it is unloaded (the pipeline prints them after decoding).
     std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
+    std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;
     std::map<std::string, uint64_t> vae_peaks_done_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;

@@ -3,6 +3,7 @@
 #include <ggml-alloc.h>
 #include <ggml-cpu.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace easel::vae {
@@ -38,6 +39,7 @@ HostTensor run_image_graph(ggml_backend_t backend, const HostTensor& in, const I
         fail(ErrorKind::OutOfMemory,
              "cannot allocate the VAE compute buffer on {} for a {}x{} input; use --vae-tiling or a smaller image",
              ggml_backend_name(backend), in.h, in.w);
+    if (opt.compute_bytes) *opt.compute_bytes = std::max(*opt.compute_bytes, ggml_gallocr_get_buffer_size(galloc.get(), 0));
 
     ggml_backend_tensor_set(x, in.data.data(), 0, ggml_nbytes(x));
     if (opt.n_threads > 0 && ggml_backend_is_cpu(backend)) ggml_backend_cpu_set_n_threads(backend, opt.n_threads);

@@ -22,6 +22,9 @@ struct ExecOptions {
     bool flash_attn = false;   ///< passed to nn::Ctx
     int n_threads = 0;         ///< CPU backend threads; 0 keeps the backend's setting
     size_t graph_size = 16384; ///< maximum graph nodes
+    /// When set, raised to the bytes of each graph's compute buffer (ggml_gallocr_get_buffer_size;
+    /// with tiling the largest tile's), for the stage lines' "compute" figure.
+    size_t* compute_bytes = nullptr;
 };
 
 /// Builds the graph `fn` over an input of the shape of `in`, allocates its compute buffer on

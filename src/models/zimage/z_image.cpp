@@ -407,6 +407,10 @@ void ZImage::unload(Module m) {
         break;
     case Module::Diffusion:
         dit_.reset();
+        if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) {  // the closing memory line names its devices
+            dit_plans_done_ = {placed_dit_->placed->current_plan()};
+            dit_peaks_done_ = placed_dit_->placed->peaks();
+        }
         placed_dit_.reset();
         break;
     case Module::VaeDecoder:
@@ -535,6 +539,7 @@ vae::HostTensor ZImage::decode(const vae::HostTensor& latent, const vae::TilingO
     load(Module::VaeDecoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
     if (placed_vae_) return placed_vae_->decode(z, tiling);
@@ -545,6 +550,7 @@ vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOp
     load(Module::VaeEncoder);
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
+    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
     return vae_enc_->encode(image, tiling, ex);
 }
 
@@ -631,6 +637,7 @@ std::vector<placement::ModulePlan> ZImage::placement_plans() const {
     if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
     else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
     if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
+    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
     return r;
@@ -642,6 +649,7 @@ std::map<std::string, uint64_t> ZImage::placement_peaks() const {
         for (auto& [d, b] : m) p[d] = std::max(p[d], b);
     };
     if (placed_te_) merge(placed_te_->placed->peaks());
+    merge(dit_peaks_done_);
     if (placed_dit_) merge(placed_dit_->placed->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());

@@ -174,6 +174,8 @@ private:
     std::unique_ptr<PlacedDiT> placed_dit_;
     /// The VAE decoder under FamilyOptions::placement; its plan and peaks kept after unload.
     std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
+    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
+    std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;
     std::map<std::string, uint64_t> vae_peaks_done_;
     std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
