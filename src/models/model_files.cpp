@@ -45,4 +45,22 @@ size_t bound_bytes(const nn::Block& root) {
     return n;
 }
 
+int64_t kl_latent_channels(const io::WeightIndex& index, const vae::KLSource& src) {
+    if (const io::TensorInfo* t = index.find(src.prefix + "decoder.conv_in.weight"); t && t->shape.size() == 4) return t->shape[1];
+    if (const io::TensorInfo* t = index.find(src.prefix + "encoder.conv_out.weight"); t && t->shape.size() == 4) return t->shape[0] / 2;
+    return 0;
+}
+
+void check_vae_kind(const io::WeightIndex& index, const vae::KLSource& src, int64_t want, const std::string& flag_and_path,
+                    const std::string& family, const std::string& needed) {
+    const int64_t c = kl_latent_channels(index, src);
+    if (c == 0 || c == want) return;
+    // the VAEs of the families easel runs, by latent channels
+    const std::string kind = c == 4    ? "an SD VAE (4 latent channels)"
+                             : c == 16 ? "a FLUX.1 / Z-Image VAE (16 latent channels)"
+                             : c == 32 ? "a FLUX.2 VAE (32 latent channels)"
+                                       : fmt::format("a VAE with {} latent channels", c);
+    fail(ErrorKind::ModelMismatch, "{}: {}; {} needs {}", flag_and_path, kind, family, needed);
+}
+
 }  // namespace easel::models

@@ -1,5 +1,6 @@
 // The planner (see plan.h).
 #include "placement/plan.h"
+#include "placement/devices.h"
 
 #include "core/error.h"
 #include "core/log.h"
@@ -88,23 +89,34 @@ int ring_slots(const std::vector<Segment>& segs, const std::string& dev, uint64_
     return (int)std::min<uint64_t>((uint64_t)per_eval, 2 + (budget - two.total()) / one);
 }
 
-std::string suggestion(PModule m, Residency r, bool split) {
+/// The changes that can shrink `m`'s need on `dev`, as one "try ..." clause. Only what can help
+/// on this machine is offered: weights in host RAM (--params-backend M=cpu) only when `dev` is
+/// not the CPU (on the CPU they are in host RAM already), a layer split only when another device
+/// exists and the module is not split yet, a move to the CPU only from another device.
+std::string suggestion(PModule m, Residency r, bool split, const std::string& dev) {
     const char* n = pmodule_name(m);
+    std::string d = dev;
+    for (auto& ch : d) ch = (char)std::tolower((unsigned char)ch);
+    const bool on_cpu = d == "cpu";
+    const bool other_devices = list_devices().size() > 1;
+    std::vector<std::string> opts;
     // the VAE decoder's need is mostly its compute buffer, which only smaller graphs shrink
-    if (m == PModule::Vae)
-        return fmt::format("try --vae-tiling with a smaller --vae-tile-size (each tile is one decode), --params-backend vae=cpu, or "
-                           "--backend {}", split ? "vae=cpu" : "\"vae=DEV1&DEV2\" (layer split)");
-    if (r == Residency::Device)
-        return fmt::format("try --params-backend {}=cpu{}{}", n, m == PModule::Diffusion ? " --stream-layers" : "",
-                           split ? ", a larger --max-vram" : fmt::format(", or --backend \"{}=DEV1&DEV2\" (layer split)", n));
-    if (r == Residency::Disk)
-        return fmt::format("try a larger --max-vram or a smaller image (weights read from disk are already cut into segments of one block)");
-    return fmt::format("try a larger --max-vram, a smaller image, or --backend {}=cpu", n);
+    if (m == PModule::Vae) opts.push_back("--vae-tiling with a smaller --vae-tile-size (each tile is one decode)");
+    if (r == Residency::Device && !on_cpu)
+        opts.push_back(fmt::format("--params-backend {}=cpu{}", n, m == PModule::Diffusion ? " --stream-layers" : ""));
+    if (r == Residency::Disk) opts.push_back("a larger --max-vram (weights read from disk are already cut into segments of one block)");
+    else opts.push_back("a larger --max-vram");
+    if (m != PModule::Te) opts.push_back("a smaller image");
+    if (other_devices && !split) opts.push_back(fmt::format("--backend \"{}=DEV1&DEV2\" (layer split)", n));
+    if (!on_cpu && (r == Residency::Host || split)) opts.push_back(fmt::format("--backend {}=cpu", n));
+    std::string out = "try ";
+    for (size_t i = 0; i < opts.size(); ++i) out += (i == 0 ? "" : i + 1 == opts.size() ? ", or " : ", ") + opts[i];
+    return out;
 }
 
 [[noreturn]] void does_not_fit(PModule m, const DeviceUse& u, Residency r, bool split) {
     fail(ErrorKind::OutOfMemory, "{} needs {:.0f} MiB on {} but the budget leaves {:.0f} MiB ({:.0f} params + {:.0f} streaming slots + {:.0f} compute + {:.0f} state); {}",
-         pmodule_name(m), mib(u.total()), u.device, mib(u.budget), mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), suggestion(m, r, split));
+         pmodule_name(m), mib(u.total()), u.device, mib(u.budget), mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), suggestion(m, r, split, u.device));
 }
 
 }  // namespace
@@ -385,11 +397,19 @@ void check_stage_budgets(const std::vector<ModulePlan>& plans) {
             if (u->budget) budget = budget ? std::min(budget, u->budget) : u->budget;
             parts += fmt::format("{}{} {:.0f}", parts.empty() ? "" : " + ", pmodule_name(p->module), mib(u->total()));
         }
-        if (budget && total > budget)
-            fail(ErrorKind::OutOfMemory,
-                 "on {} the {} stage needs {:.0f} MiB ({}) but the budget leaves {:.0f} MiB; put one of the modules on another device "
-                 "(--backend MODULE=DEV) or keep its weights in RAM (--params-backend MODULE=cpu)",
-                 key.first, key.second, mib(total), parts, mib(budget));
+        if (budget && total > budget) {
+            // only the changes that can help here (see suggestion())
+            std::string d = key.first;
+            for (auto& ch : d) ch = (char)std::tolower((unsigned char)ch);
+            std::vector<std::string> opts;
+            if (list_devices().size() > 1) opts.push_back("put one of the modules on another device (--backend MODULE=DEV)");
+            if (d != "cpu") opts.push_back("keep its weights in RAM (--params-backend MODULE=cpu)");
+            opts.push_back("give a larger --max-vram");
+            std::string fix;
+            for (size_t i = 0; i < opts.size(); ++i) fix += (i == 0 ? "" : i + 1 == opts.size() ? " or " : ", ") + opts[i];
+            fail(ErrorKind::OutOfMemory, "on {} the {} stage needs {:.0f} MiB ({}) but the budget leaves {:.0f} MiB; {}", key.first, key.second,
+                 mib(total), parts, mib(budget), fix);
+        }
     }
 }
 

@@ -293,6 +293,8 @@ std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const Fami
     m->kl_ = vae::find_autoencoder_kl(vi);
     if (!m->kl_)
         fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.2 VAE with --vae FILE", m->vae_flag_);
+    check_vae_kind(vi, *m->kl_, m->dcfg_.in_channels / 4, m->vae_flag_, "FLUX.2 Klein",
+                   fmt::format("the FLUX.2 VAE ({} latent channels, flux2-vae.safetensors)", m->dcfg_.in_channels / 4));
     vae::KLOverrides kov;
     if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
     auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);

@@ -154,6 +154,8 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
         const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->unet_idx_;
         m->kl_ = vae::find_autoencoder_kl(vi);
         if (m->kl_) {
+            check_vae_kind(vi, *m->kl_, 4, m->vae_flag_.empty() ? m->unet_flag_ : m->vae_flag_, "SD1.x/SD2.x",
+                           "a 4-channel SD VAE (pass the right one with --vae)");
             vae::KLOverrides kov;
             if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
             auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
@@ -223,6 +225,9 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     }
     if (!opt.prediction.empty()) {
         pred = sampling::parse_prediction(opt.prediction);
+        if (pred == sampling::Prediction::Flow)
+            fail(ErrorKind::InvalidInput, "--prediction flow does not apply to {} (a discrete-time model): use eps or v",
+                 m->is_sd2() ? "SD2.x" : "SD1.x");
         m->pred_src_ = "--prediction";
         m->pred_pending_ = false;
     }

@@ -203,6 +203,7 @@ std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOption
     m->kl_ = vae::find_autoencoder_kl(vi);
     if (!m->kl_)
         fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.1 VAE (ae.safetensors) with --vae FILE", m->vae_flag_);
+    check_vae_kind(vi, *m->kl_, m->dcfg_.in_channels, m->vae_flag_, "Z-Image", "the FLUX.1 VAE (16 latent channels, ae.safetensors)");
     vae::KLOverrides kov;
     if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
     auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
