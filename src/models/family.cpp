@@ -31,6 +31,10 @@ void Family::set_reference_images(std::span<const vae::HostTensor> images) {
         fail(ErrorKind::Unsupported, "{} takes no reference images (-r/--ref-image is for edit models such as FLUX.2 Klein)", name());
 }
 
+void Family::check_reference_image(int, int) const {
+    fail(ErrorKind::Unsupported, "{} takes no reference images (-r/--ref-image is for edit models such as FLUX.2 Klein)", name());
+}
+
 namespace {
 
 using Opener = std::function<std::unique_ptr<Family>(const ModelFiles&, const FamilyOptions&)>;

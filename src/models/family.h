@@ -180,6 +180,10 @@ public:
     /// VaeEncoder) and used by every later diffusion() call; an empty list clears them. The
     /// default throws Error(Unsupported): the family takes no reference images.
     virtual void set_reference_images(std::span<const vae::HostTensor> images);
+    /// Checks a reference image of width x height pixels before any stage runs (nothing is
+    /// loaded): the default throws Error(Unsupported) as set_reference_images() does; edit
+    /// families throw Error(InvalidInput) for a size their pipeline refuses.
+    virtual void check_reference_image(int width, int height) const;
 
     /// Parameter bytes of module m when loaded (0 when not loaded) and the largest compute
     /// buffer measured for it so far, in bytes.

@@ -282,6 +282,52 @@ void check_output_folder(const std::string& path, const char* flag) {
     fs::remove(probe, ec);
 }
 
+/// --checkpoint-dir made (or found) before any stage: a path that is a file, or a folder that
+/// cannot be created, is refused up front. Throws Error(Io).
+void prepare_checkpoint_dir(const GenerateParams& p) {
+    if (p.checkpoint_dir.empty()) return;
+    std::error_code ec;
+    if (fs::exists(p.checkpoint_dir, ec) && !fs::is_directory(p.checkpoint_dir, ec))
+        fail(ErrorKind::Io, "--checkpoint-dir {}: exists and is not a folder; pass a folder path", p.checkpoint_dir);
+    fs::create_directories(p.checkpoint_dir, ec);
+    if (!fs::is_directory(p.checkpoint_dir, ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+}
+
+/// --resume / --resume-step checked once the step count is known (after the family's defaults),
+/// before any stage: a step past --steps, and no checkpoint of image 1 to resume from.
+/// Throws Error(InvalidInput).
+void check_resume(const GenerateParams& p) {
+    if (p.resume_step >= 0 && p.resume_step > p.steps)
+        fail(ErrorKind::InvalidInput, "--resume-step {} is past --steps {}: pass a step from 0 to {}", p.resume_step, p.steps, p.steps);
+    if (!p.resume && p.resume_step < 0) return;
+    if (find_checkpoint(p.checkpoint_dir, 0, p.resume ? -1 : p.resume_step)) return;
+    if (p.resume_step >= 0)
+        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, checkpoint_path("", 0, p.resume_step).string(),
+             p.checkpoint_dir);
+    fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
+}
+
+/// Warns when -o holds a % sequence batch_output_path() does not replace as a user may expect:
+/// more than one %d (each gets the same image number) or another conversion (%s, %x ...: kept
+/// as written).
+void warn_output_pattern(const std::string& pattern) {
+    int numbers = 0, others = 0;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] != '%') continue;
+        if (i + 1 < pattern.size() && pattern[i + 1] == '%') {
+            ++i;
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < pattern.size() && std::isdigit((unsigned char)pattern[j])) ++j;
+        if (j < pattern.size() && pattern[j] == 'd') ++numbers;
+        else ++others;
+        i = j < pattern.size() ? j : i;
+    }
+    if (numbers > 1) log::warn("-o {}: {} %d placeholders; each one is replaced by the same image number", pattern, numbers);
+    if (others > 0) log::warn("-o {}: only %d (the image number) and %% are replaced; other % sequences are kept as written", pattern);
+}
+
 std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
 
 /// The conditioning of a job: --load-embeddings, else the cache, else the text encoder.
@@ -544,7 +590,9 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fail(ErrorKind::InvalidInput, "--mask works with -i IMAGE, not with --load-latent");
 
     // Output folders must exist before hours of work.
+    warn_output_pattern(p.output);
     for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
+    prepare_checkpoint_dir(p);
     check_vae_tiling(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
@@ -566,6 +614,9 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     auto fam = open_model(s);
     rep.load_s = since(t0);
     rep.device = device_name(s.device);
+    // what the model decides about the flags, before any stage runs
+    for (const Image& r : refs) fam->check_reference_image(r.width, r.height);
+    check_resume(p);
     const bool is_inpaint_model = fam->diffusion_in_channels() != fam->latent_format().channels;
     if (is_inpaint_model && !init)
         fail(ErrorKind::InvalidInput, "this is an in-painting model: pass -i IMAGE and --mask MASK");
@@ -584,6 +635,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     } else if (init_lat) {
         W = (int)init_lat->w * f;
         H = (int)init_lat->h * f;
+        if (W != p.width || H != p.height) log::info("using the latent's size {}x{}", W, H);
     }
     W = round_size(W, fam->size_multiple(), "width");
     H = round_size(H, fam->size_multiple(), "height");
@@ -790,7 +842,9 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (!p.ref_images.empty())
             fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
         check_output_folder(p.save_latent, "--save-latent");
+        prepare_checkpoint_dir(p);
         auto fam = open_model(s);
+        check_resume(p);
         std::optional<LoadedLatent> init_lat;
         if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
         if (fam->diffusion_in_channels() != fam->latent_format().channels)
@@ -800,6 +854,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (init_lat) {
             W = (int)init_lat->w * f;
             H = (int)init_lat->h * f;
+            if (W != p.width || H != p.height) log::info("using the latent's size {}x{}", W, H);
         }
         W = round_size(W, fam->size_multiple(), "width");
         H = round_size(H, fam->size_multiple(), "height");

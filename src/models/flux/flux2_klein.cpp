@@ -149,17 +149,21 @@ int64_t klein_prompt_tokens(const text::QwenTokenizer& tok, const std::string& p
     return n;
 }
 
-vae::HostTensor klein_prepare_reference(const vae::HostTensor& image, int multiple) {
-    if (image.n != 1 || image.c != 3)
-        fail(ErrorKind::InvalidInput, "reference image: expected one RGB image, got [{}, {}, {}, {}]", image.n, image.c, image.h, image.w);
-    if (multiple <= 0) fail(ErrorKind::InvalidInput, "reference image: size multiple {} must be positive", multiple);
-    int64_t W = image.w, H = image.h;
+void klein_check_reference_size(int64_t W, int64_t H) {
     // Flux2ImageProcessor.check_image_input
     if (W < 64 || H < 64)
         fail(ErrorKind::InvalidInput, "reference image {}x{} is too small: both sides must be at least 64 pixels (as diffusers' Flux2 pipelines require)",
              W, H);
     if (std::max((double)W / H, (double)H / W) > 8.0)
         fail(ErrorKind::InvalidInput, "reference image {}x{}: the aspect ratio exceeds 8:1 (diffusers' limit)", W, H);
+}
+
+vae::HostTensor klein_prepare_reference(const vae::HostTensor& image, int multiple) {
+    if (image.n != 1 || image.c != 3)
+        fail(ErrorKind::InvalidInput, "reference image: expected one RGB image, got [{}, {}, {}, {}]", image.n, image.c, image.h, image.w);
+    if (multiple <= 0) fail(ErrorKind::InvalidInput, "reference image: size multiple {} must be positive", multiple);
+    int64_t W = image.w, H = image.h;
+    klein_check_reference_size(W, H);
     vae::HostTensor img = image;
     if (W * H > kKleinMaxRefPixels) {
         // _resize_to_target_area: PIL Lanczos on the 8-bit image
@@ -866,6 +870,8 @@ vae::LatentDist Flux2Klein::encode(const vae::HostTensor& image, const vae::Tili
         }
     return d;
 }
+
+void Flux2Klein::check_reference_image(int width, int height) const { klein_check_reference_size(width, height); }
 
 void Flux2Klein::set_reference_images(std::span<const vae::HostTensor> images) {
     refs_ = {};

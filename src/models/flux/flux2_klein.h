@@ -94,6 +94,10 @@ std::vector<uint8_t> pil_lanczos_resize(std::span<const uint8_t> pixels, int W, 
 /// (H - h)//2). Throws Error(InvalidInput) when a side is below 64 pixels or the aspect ratio
 /// exceeds 8 (Flux2ImageProcessor.check_image_input).
 vae::HostTensor klein_prepare_reference(const vae::HostTensor& image, int multiple);
+/// The size checks of klein_prepare_reference (diffusers' Flux2ImageProcessor.check_image_input)
+/// alone, for a W x H pixel reference image: both sides >= 64, aspect ratio <= 8:1.
+/// Throws Error(InvalidInput).
+void klein_check_reference_size(int64_t W, int64_t H);
 
 /// Reference tokens of edit mode: the packed diffusion latents of every reference image, one
 /// after the other, and their position ids (_prepare_image_ids with scale 10).
@@ -159,6 +163,7 @@ public:
     /// normalise) and keeps the packed tokens for every later diffusion() call; an empty list
     /// clears them. Loads VaeEncoder (the caller may unload it afterwards).
     void set_reference_images(std::span<const vae::HostTensor> images) override;
+    void check_reference_image(int width, int height) const override;
     size_t param_bytes(Module m) const override;
     size_t compute_bytes(Module m) const override;
     /// te: Qwen3 built with 27 layers (kKleinTextLayers[2]: hidden_states 9, 18 and 27 are raw
