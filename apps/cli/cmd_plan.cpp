@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "models/family.h"
 #include "pipeline/generate.h"
+#include "pipeline/memory_check.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 
@@ -92,6 +93,15 @@ EASEL_COMMAND(
                 fmt::print("vae on {} (whole module, weights on the device; its stage is not in the table)\n", (*spec)[PModule::Vae].devices[0]);
             else if (p->vae_tiling)
                 fmt::print("vae decode tiled: tiles of {} latent cells (--vae-tiling), the vae rows are one tile's graph\n", p->vae_tile_size);
+            // the planner leaves the CPU unbudgeted: a peak above host RAM is flagged here (exit 1)
+            std::fflush(stdout);
+            pipeline::MemoryJob job;
+            job.width = W;
+            job.height = H;
+            job.flash_attn = p->flash_attn;
+            job.diffusion_fa = p->flash_attn || p->diffusion_fa;
+            job.vae_tiling = p->vae_tiling;
+            pipeline::check_plans_fit_host(plans, job, pipeline::host_ram_bytes());
             return 0;
         };
     },

@@ -9,6 +9,29 @@
 
 namespace easel::cli {
 
+/// Largest -W/-H accepted, in pixels: 16384 (a 2048 x 2048 SD latent; every module's compute
+/// grows with the pixel count, and the job is then also checked against the memory of its
+/// devices before anything runs, pipeline/memory_check.h).
+inline constexpr long long kMaxImageSide = 16384;
+
+/// Refuses a -W/-H above kMaxImageSide at parse time (before a model is opened): a size such as
+/// 1000000 would otherwise reach the memory check or a host allocation. Values that are not
+/// integers are left to CLI11's conversion error; <= 0 to generate's "must be positive".
+inline CLI::Validator max_side_check() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            long long v = std::strtoll(s.c_str(), &end, 10);
+            if (end == s.c_str() || *end != '\0') return {};
+            if (errno == ERANGE || v > kMaxImageSide)
+                return s + " pixels is above the maximum of " + std::to_string(kMaxImageSide) +
+                       ": pass a smaller size (--vae-tiling lowers the decode's memory)";
+            return {};
+        },
+        "", "max image side");
+}
+
 /// Adds every generation option to `app`, bound to `p`. Flag names and defaults follow
 /// stable-diffusion.cpp's sd-cli (examples/cli/README.md there).
 inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
@@ -58,8 +81,12 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--sampler-rng", p.sampler_rng, "RNG of ancestral samplers (default: --rng)")->group(g);
 
     g = "Image";
-    app.add_option("-W,--width", p.width, "Width in pixels (default 512; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")->group(g);
-    app.add_option("-H,--height", p.height, "Height in pixels (default 512; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")->group(g);
+    app.add_option("-W,--width", p.width, "Width in pixels (default 512, at most 16384; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")
+        ->check(max_side_check())
+        ->group(g);
+    app.add_option("-H,--height", p.height, "Height in pixels (default 512, at most 16384; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")
+        ->check(max_side_check())
+        ->group(g);
     app.add_option("-b,--batch-count", p.batch_count, "Number of images (seeds seed, seed+1, ...)")->check(CLI::Range(1, 10000))->group(g);
     app.add_option("-o,--output", p.output, "Output PNG (default output.png; printf-style %d for batches)")->group(g);
     app.add_option("-i,--init-img", p.init_img, "Init image for img2img")->group(g);

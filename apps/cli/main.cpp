@@ -37,9 +37,42 @@ void apply_common_options(const CommonOptions& o) {
 
 namespace {
 
-void quiet_ggml_log(enum ggml_log_level level, const char* text, void*) {
-    if (level >= GGML_LOG_LEVEL_WARN || easel::log::level() <= easel::log::Level::Debug) std::fputs(text, stderr);
+/// ggml's allocation-failure lines ("ggml_aligned_malloc: insufficient memory ...", "...: failed
+/// to allocate buffer of size N"), held back instead of printed: each such failure ends as an
+/// easel error that says what did not fit and what to change, and the ggml lines would only
+/// precede it as noise. They are printed after all when the command ends without an error (and
+/// at once with -v).
+std::string& held_ggml_lines() {
+    static std::string s;
+    return s;
 }
+
+bool is_allocation_noise(const char* text) {
+    return std::strstr(text, "failed to allocate") || std::strstr(text, "insufficient memory") ||
+           std::strstr(text, "unable to allocate");
+}
+
+void quiet_ggml_log(enum ggml_log_level level, const char* text, void*) {
+    const bool debug = easel::log::level() <= easel::log::Level::Debug;
+    if (level >= GGML_LOG_LEVEL_WARN && !debug && text && is_allocation_noise(text)) {
+        held_ggml_lines() += text;
+        return;
+    }
+    if (level >= GGML_LOG_LEVEL_WARN || debug) std::fputs(text, stderr);
+}
+
+/// Prints the held ggml lines when the command ends, unless an easel error reported the failure
+/// (dismiss()).
+struct HeldGgmlLines {
+    bool dismissed = false;
+    void dismiss() {
+        dismissed = true;
+        held_ggml_lines().clear();
+    }
+    ~HeldGgmlLines() {
+        if (!dismissed && !held_ggml_lines().empty()) std::fputs(held_ggml_lines().c_str(), stderr);
+    }
+};
 
 /// ggml aborts (GGML_ABORT / GGML_ASSERT) end the process: a remote RPC server that dies or
 /// answers garbage ends up here (ggml-rpc.cpp), and so does a failed assertion inside ggml.
@@ -117,6 +150,7 @@ int main(int argc, char** argv) {
         return 1;
     }
 
+    HeldGgmlLines held;
     try {
         cli::apply_common_options(common);
         for (auto& [sub, run] : runs)
@@ -128,12 +162,15 @@ int main(int argc, char** argv) {
         std::fputs(app.help().c_str(), stdout);
         return 0;
     } catch (const Error& e) {
+        held.dismiss();
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "error: out of host memory\n");
+        held.dismiss();
+        std::fprintf(stderr, "error: out of host memory (the job's buffers do not fit: use a smaller -W/-H or --vae-tiling)\n");
         return 1;
     } catch (const std::exception& e) {
+        held.dismiss();
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }

@@ -9,6 +9,7 @@
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
 #include "pipeline/image_io.h"
+#include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
 #include "pipeline/stages.h"
 #include "placement/devices.h"
@@ -329,6 +330,51 @@ void warn_output_pattern(const std::string& pattern) {
 }
 
 std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
+
+/// Before any stage: the placement plan (placed jobs; a plan that cannot fit its budgets stops
+/// here) or, on the plain path, every module's whole need on the job's device, compared with the
+/// machine (host RAM for the CPU, the device's total memory otherwise) without allocating
+/// (pipeline/memory_check.h). Costing the modules also checks every module's tensor shapes
+/// against its file's headers (placement::self_contained_costs), so a mis-shaped VAE is reported
+/// before the text encoder runs. Throws Error(OutOfMemory) / Error(ModelMismatch).
+void check_memory(models::Family& fam, const Setup& s, int W, int H) {
+    const GenerateParams& p = s.p;
+    const int f = fam.latent_format().spatial_factor;
+    MemoryJob job;
+    job.width = W;
+    job.height = H;
+    job.flash_attn = p.flash_attn;
+    job.diffusion_fa = p.flash_attn || p.diffusion_fa;
+    job.vae_tiling = p.vae_tiling;
+    if (p.placement.any()) {
+        auto plans = fam.plan_placement(H / f, W / f);
+        if (plans.empty()) return;
+        log::info("placement plan:\n{}", placement::format_plan(plans));
+        check_plans_fit_host(plans, job, host_ram_bytes());
+        return;
+    }
+    std::vector<placement::ModuleCosts> costs;
+    try {
+        costs = fam.placement_costs(H / f, W / f);
+    } catch (const Error& e) {
+        // --load-embeddings needs no text encoder: a file without one (a UNet alone) still runs
+        if (p.load_embeddings.empty() || e.kind() != ErrorKind::ModelMismatch) throw;
+        log::debug("memory check skipped: {}", e.what());
+        return;
+    }
+    const std::string dev = device_name(s.device);
+    const auto needs = whole_module_needs(costs, [&](placement::PModule) { return dev; });
+    for (const auto& n : needs)
+        log::debug("predicted need of {} on {}: parameters {:.1f} MiB, compute {:.1f} MiB", placement::pmodule_name(n.module), n.device,
+                   (double)n.params / 1048576.0, (double)n.compute / 1048576.0);
+    check_needs_fit(needs, job, [&](const std::string& name) -> uint64_t {
+        if (!s.device || ggml_backend_dev_type(s.device) == GGML_BACKEND_DEVICE_TYPE_CPU) return host_ram_bytes();
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(s.device, &free, &total);
+        (void)name;
+        return total;
+    });
+}
 
 /// The conditioning of a job: --load-embeddings, else the cache, else the text encoder.
 PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool need_negative, ArtifactCache* cache,
@@ -657,11 +703,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     }
     rep.width = W;
     rep.height = H;
-    if (p.placement.any()) {
-        // the placement plan before anything is loaded: a plan that cannot fit stops here
-        auto plans = fam->plan_placement(H / f, W / f);
-        if (!plans.empty()) log::info("placement plan:\n{}", placement::format_plan(plans));
-    }
+    check_memory(*fam, s, W, H);
     const int64_t h = H / f, w = W / f;
 
     auto cache = open_cache(p);

@@ -58,7 +58,8 @@ private:
 /// value): it runs whenever the planner measures. Nothing is loaded; measuring builds graphs
 /// with stand-in parameter tensors and sizes them with ggml's graph allocator on the device
 /// named in each call. `row_split`: the module's tensor-parallel rules (placement/row_split.h)
-/// for --split-mode row, or null. Throws as SequenceRunner's constructor.
+/// for --split-mode row, or null. Throws Error(ModelMismatch) when the weights do not bind
+/// (nn::check_binding: missing, unexpected or mis-shaped tensors), else as SequenceRunner's constructor.
 template <class I, class S, class O>
 ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn::Block& root, const nn::Sequence<I, S, O>& seq,
                                  const nn::TensorSource& src, nn::LoadOptions lo, int threads, bool flash_attn,
@@ -66,6 +67,9 @@ ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn:
                                  typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label,
                                  std::shared_ptr<const RowSplitRules> row_split = nullptr) {
     using Runner = runtime::SequenceRunner<I, S, O>;
+    // the file's headers checked against the module as loading will (the same binding): a
+    // missing or mis-shaped tensor is reported when the family is costed, before any stage runs
+    if (std::string why = nn::check_binding(root, src, lo); !why.empty()) fail(ErrorKind::ModelMismatch, "{}", why);
     auto runner = std::make_shared<Runner>(root, seq, src, std::move(lo), threads, flash_attn);
     if (row_split) runner->set_row_split(std::move(row_split));
     ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
