@@ -11,12 +11,14 @@
 #include "placement/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <ggml-backend.h>
 
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 namespace easel::cli {
 
@@ -110,7 +112,10 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     std::filesystem::path cache_dir;
     if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : std::filesystem::path(p.cache_dir);
 
-    // devices: budgets as the runtime resolves them, the CPU's = available host RAM
+    // devices: budgets as the runtime resolves them, the CPU's = available host RAM; speeds
+    // measured (EASEL_AUTOFIT_BENCH=0: the cost model's defaults)
+    const bool bench = device_bench_enabled();
+    std::vector<std::string> speeds;
     const auto devs = list_devices();
     const auto budgets = resolve_budgets(uspec, devs);
     for (auto& d : devs) {
@@ -128,11 +133,17 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         }
         const size_t mx = ggml_backend_buft_get_max_size(ggml_backend_dev_buffer_type(d.dev));
         fd.max_alloc = mx == SIZE_MAX ? 0 : (uint64_t)mx;
-        if (d.type != "cpu" && fd.budget > 0) {
-            // cached per device like the compute buffers, so planning the same job twice gives
-            // the same plan (a fresh measurement varies by a few percent and can flip a choice)
-            MeasureCache bw(cache_dir, {"autofit-bandwidth-v1", d.name, d.description});
-            fd.h2d_bytes_per_s = (double)bw.value("h2d_bytes_per_s", [&] { return (uint64_t)measure_h2d_bandwidth(d.dev, 8u << 20); });
+        if (bench && (d.type == "cpu" || fd.budget > 0)) {
+            // matmul FLOP/s and host-to-device bandwidth, cached per device (and CPU thread
+            // count) next to the compute buffers, so planning the same job twice gives the same
+            // plan (a fresh measurement varies by a few percent and can flip a choice)
+            const int threads = d.type == "cpu" ? (p.threads > 0 ? p.threads : (int)std::max(1u, std::thread::hardware_concurrency())) : 0;
+            DeviceSpeedCache dc(cache_dir, d.name, d.description, threads);
+            const DeviceSpeed sp = dc.get([&] { return measure_device_speed(d.dev, threads); });
+            fd.flops = sp.flops;
+            fd.h2d_bytes_per_s = sp.h2d_bytes_per_s;
+            speeds.push_back(fmt::format("{} {:.3g} GFLOP/s{}{}", d.name, sp.flops / 1e9,
+                                         d.type == "cpu" ? "" : fmt::format(", {:.3g} GB/s", sp.h2d_bytes_per_s / 1e9), dc.hit() ? " (cached)" : ""));
         }
         req.devices.push_back(fd);
     }
@@ -180,11 +191,12 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         req.modules.push_back(std::move(m));
     }
 
+    for (int i = 0; i < kModuleCount; ++i) req.split[(size_t)i] = uspec[(PModule)i].split;
+
     FitResult fit = auto_fit(req);
     for (auto& c : caches) c->flush();
 
-    PlacementFlags next = fit.flags;
-    next.split_mode = user.split_mode;
+    PlacementFlags next = fit.flags;  // (its --split-mode names the modules planned as row splits)
     p.placement = next;
     if (fit.vae_tile > 0) {
         p.vae_tiling = true;
@@ -197,6 +209,8 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         if (!planned && (m == PModule::Te || m == PModule::Vae))
             fit.reasons.push_back(fmt::format("{}: not costed by {} in this build: runs whole on the default device", pmodule_name(m), fam->name()));
     }
+    fit.reasons.push_back(bench ? fmt::format("device speeds (matmul, host-to-device): {}", fmt::join(speeds, "; "))
+                                : "device speeds: not measured (EASEL_AUTOFIT_BENCH=0): the cost model's defaults by device type");
     int hits = 0, misses = 0;
     for (auto& c : caches) hits += c->hits(), misses += c->misses();
     fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} from the cache{}", misses, hits,

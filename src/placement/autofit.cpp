@@ -4,11 +4,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "pipeline/cache.h"
+#include "placement/row_split.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <ggml-alloc.h>
 #include <ggml-backend.h>
+#include <ggml-cpu.h>
 #include <ggml.h>
 #include <nlohmann/json.hpp>
 
@@ -16,7 +18,9 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <cstdlib>
 #include <numeric>
+#include <thread>
 
 namespace easel::placement {
 
@@ -81,11 +85,12 @@ public:
             if (d.is_cpu()) cpu_ = &d;
             else if (d.budget > 0) accels_.push_back(&d);
         }
-        // fastest first: compute throughput, then bandwidth in factor-2 buckets (measured
-        // bandwidths of identical devices differ by noise: they keep the given order)
+        // fastest first: compute throughput, then bandwidth, each in factor-2 buckets (measured
+        // figures of identical devices differ by noise: they keep the given order)
         auto bucket = [](const FitDevice& d) { return std::floor(std::log2(bandwidth(d))); };
+        auto fbucket = [](const FitDevice& d) { return std::floor(std::log2(flops(d))); };
         std::stable_sort(accels_.begin(), accels_.end(), [&](const FitDevice* a, const FitDevice* b) {
-            if (flops(*a) != flops(*b)) return flops(*a) > flops(*b);
+            if (fbucket(*a) != fbucket(*b)) return fbucket(*a) > fbucket(*b);
             return bucket(*a) > bucket(*b);
         });
         for (auto& d : r.devices) budgets_[d.name] = d.budget;
@@ -119,11 +124,22 @@ public:
         const uint64_t all = std::max<uint64_t>(1, total_params(m.costs));
         const double fl = m.flops_per_eval > 0 ? m.flops_per_eval : (double)all;
         double load = 0, per_eval = 0;
+        // each segment computes its share of the FLOPs by parameter bytes (the shares of a plan's
+        // segments add to 1: parameters outside the blocks held by both the first and the last
+        // segment are computed once)
+        double seg_sum = 0;
+        for (auto& s : p.segments) seg_sum += (double)s.param_bytes;
+        if (seg_sum <= 0) seg_sum = (double)all;
         for (size_t i = 0; i < p.segments.size(); ++i) {
             const Segment& s = p.segments[i];
+            if (is_row_split_device(s.device)) {  // (weights on the devices: read once, like Device residency)
+                per_eval += row_split_seconds(m, s, fl / seg_sum);
+                load += (double)s.param_bytes / req_.disk_bytes_per_s;
+                continue;
+            }
             const FitDevice* d = device(s.device);
             if (!d) continue;
-            const double share = (double)s.param_bytes / (double)all;
+            const double share = (double)s.param_bytes / seg_sum;
             per_eval += fl * share / flops(*d);
             if (s.per_eval) {
                 per_eval += (double)s.param_bytes / bandwidth(*d);
@@ -139,6 +155,33 @@ public:
         // overlapping tiles (overlap 0.5): about (1 / (1 - 0.5))^2 = 4x the pixels decoded
         if (vae_tile > 0) per_eval *= 4.0;
         return load + m.evals * per_eval;
+    }
+
+    /// Seconds of one evaluation of a row-split segment (its blocks on ggml's meta device over
+    /// the member devices; `flops_per_byte` = the module's FLOPs per parameter byte): each member
+    /// computes 1/n of the blocks, the slowest one sets the pace; the partial sums of the two
+    /// row-role matmuls of each block (attention out, feed-forward out: a hidden state each,
+    /// ModuleCosts::state_bytes(1)) are all-reduced in ceil(log2 n) steps, each step over the
+    /// slowest member link in and out (ggml's fallback all-reduce copies between the backends).
+    double row_split_seconds(const FitModule& m, const Segment& s, double flops_per_byte) const {
+        const std::vector<std::string> members = row_split_members(s.device);
+        const double n = (double)members.size();
+        double slow_flops = 1e300, slow_bw = 1e300;
+        for (auto& name : members) {
+            const FitDevice* d = device(name);
+            if (!d) continue;
+            slow_flops = std::min(slow_flops, flops(*d));
+            slow_bw = std::min(slow_bw, bandwidth(*d));
+        }
+        if (slow_flops >= 1e300) return 0;
+        double t = flops_per_byte * (double)s.param_bytes / (n * slow_flops);
+        const int blocks = s.end - s.begin;
+        if (m.costs.state_bytes && m.costs.block_bytes.size() > 1 && members.size() > 1) {
+            const double partial = (double)m.costs.state_bytes(1);
+            const double steps = std::ceil(std::log2(n));
+            t += (double)blocks * 2.0 * steps * partial * (2.0 / slow_bw);
+        }
+        return t;
     }
 
     /// Host RAM a plan holds during its stage.
@@ -332,6 +375,22 @@ private:
 
 bool multi_device_ok(PModule m) { return m == PModule::Diffusion || m == PModule::Te; }
 
+/// Why module costs `c` cannot be row split over `n` devices with parameters at `params` ("" when
+/// it can): the conditions under which placement::plan_module runs --split-mode row instead of
+/// falling back to layer split (checked here first so that the planner's many trial plans do not
+/// each warn).
+std::string row_refusal(const ModuleCosts& c, size_t n, const std::string& params) {
+    if (n < 2) return "one device";
+    if (!c.row_split) return "this module has no row-split rules";
+    if (!c.row_split->why_not.empty()) return c.row_split->why_not;
+    if (!params.empty()) return "its parameters are not kept on its devices (--params-backend)";
+    if (c.row_split->max_devices > 0 && (int64_t)n > c.row_split->max_devices)
+        return fmt::format("{} cuts into only {} whole slices (heads) for {} devices", c.row_split->max_devices_param, c.row_split->max_devices, n);
+    if (c.block_bytes.empty()) return "it has no blocks";
+    if (!c.row_split_bytes || c.row_split_bytes(n).size() != n) return "a weight slice would not be whole quantisation blocks";
+    return "";
+}
+
 std::string join_devices(const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, "&")); }
 
 std::string describe_candidate(const Candidate& c) {
@@ -346,7 +405,7 @@ std::string describe_candidate(const Candidate& c) {
             s = fmt::format("on {}, weights in host RAM, {} of {} segment(s) uploaded per evaluation", where, per, c.plan.segments.size());
             break;
         }
-        case Tier::LayerSplit: s = fmt::format("layer split over {}", where); break;
+        case Tier::LayerSplit: s = fmt::format("{} split over {}", c.place.split == SplitMode::Row ? "row" : "layer", where); break;
         case Tier::Disk: {
             int per = 0;
             for (auto& g : c.plan.segments) per += g.per_eval;
@@ -468,6 +527,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     std::vector<std::vector<Candidate>> cands(nm);  // per module: the candidates of its best tier
     std::vector<Shortfall> shorts(nm);
     std::vector<std::vector<Candidate>> whole(nm);  // single-accelerator device-resident candidates (tier 1 input)
+    std::vector<std::string> warnings;              // FitResult::warnings
 
     // Several modules of one stage (FLUX.1's T5 and CLIP-L are both te): the runtime gives them
     // one placement (the module's) and loads them together, so the first one's candidates are
@@ -490,7 +550,11 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
             for (auto& p : planned) before.push_back(&p);
             P.set_budgets(P.left_after(before));
             Shortfall ignored;
-            auto o = P.evaluate(req.modules[j], c.tier, c.place, c.stream, req.modules[j].costs, 0, ignored, "sibling");
+            // a sibling that cannot be row split runs as a layer split over the same devices (as
+            // plan_module does at run time)
+            ModulePlacement sp = c.place;
+            if (sp.split == SplitMode::Row && !row_refusal(req.modules[j].costs, sp.devices.size(), sp.params).empty()) sp.split = SplitMode::Layer;
+            auto o = P.evaluate(req.modules[j], c.tier, sp, c.stream, req.modules[j].costs, 0, ignored, "sibling");
             P.set_budgets(saved);
             if (!o) ok = false;
             else {
@@ -610,12 +674,39 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                             sets.push_back(s);
                         }
                     }
+                    // --split-mode row: each set also as a row split where the module can be
+                    // row split there; any row candidate that fits beats the layer splits
+                    const bool want_row = req.split[(size_t)m.module] == SplitMode::Row;
+                    std::vector<Candidate> rows;
+                    std::string refused;  // why a set could not be row split (the first reason met)
+                    bool row_tried = false;
                     for (auto& s : sets) {
                         if ((int)s.size() > std::max<int>(1, (int)m.costs.block_bytes.size())) continue;
-                        ModulePlacement pl{s, pin_par ? *pin_par : "", SplitMode::Layer};
+                        const std::string par = pin_par ? *pin_par : "";
+                        if (want_row) {
+                            if (const std::string why = row_refusal(m.costs, s.size(), par); !why.empty()) {
+                                if (refused.empty()) refused = why;
+                            } else {
+                                row_tried = true;
+                                ModulePlacement rp{s, par, SplitMode::Row};
+                                if (auto c = P.evaluate(m, Tier::LayerSplit, rp, false, m.costs, 0, shorts[k],
+                                                        fmt::format("{} row split over {}", mn, join_devices(s))))
+                                    rows.push_back(std::move(*c));
+                            }
+                        }
+                        ModulePlacement pl{s, par, SplitMode::Layer};
                         if (auto c = P.evaluate(m, Tier::LayerSplit, pl, false, m.costs, 0, shorts[k],
                                                 fmt::format("{} layer split over {}", mn, join_devices(s))))
                             got.push_back(std::move(*c));
+                    }
+                    if (!rows.empty()) got = std::move(rows);
+                    else if (want_row && !got.empty()) {
+                        // each warning once per module (the te stage's modules are planned one by one)
+                        warnings.push_back(fmt::format(
+                            "--split-mode row for {} ({}): {}; auto-fit plans a layer split", mn, m.costs.label,
+                            row_tried ? "no row split over the candidate devices fits their budgets (each member holds the compute "
+                                        "buffer of the whole blocks graph and the mirrored weights)"
+                                      : refused));
                     }
                     break;
                 }
@@ -711,6 +802,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         ch.plan = c.plan;
         ch.seconds = c.seconds;
         ch.vae_tile = c.vae_tile;
+        ch.row_split = c.place.split == SplitMode::Row;
         out.choices.push_back(ch);
         out.tier = std::max(out.tier, c.tier);
         out.seconds += c.seconds;
@@ -735,7 +827,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                                      : tier1 ? "" : "fits its device during its own stage (the pipeline frees each module after its stage)";
                 break;
             case Tier::HostStreamed: why = "does not fit any single device whole; host RAM holds the weights"; break;
-            case Tier::LayerSplit: why = "fits neither one device nor host RAM streaming; split by layers"; break;
+            case Tier::LayerSplit:
+                why = c.place.split == SplitMode::Row ? "fits neither one device nor host RAM streaming; split by rows (--split-mode row)"
+                                                      : "fits neither one device nor host RAM streaming; split by layers";
+                break;
             case Tier::Disk: {
                 bool per = false;
                 for (auto& g : c.plan.segments) per |= g.per_eval;
@@ -754,6 +849,27 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
             out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
                                               cands[k].size() - 1, describe_candidate(cands[k][1]), cands[k][1].seconds));
     }
+    // --split-mode: row only for the modules planned as row splits (a module asked for row that
+    // runs on one device or as a layer split gets no entry: the runtime would otherwise row
+    // split a device list the plan made a layer split), and for modules the planner was not
+    // given, as the user asked
+    std::string split;
+    for (size_t k = 0; k < nm; ++k) {
+        const FitModule& m = req.modules[k];
+        if (first_of_stage(k) >= 0) continue;
+        const Candidate& c = cands[k][0];
+        const char* mn = pmodule_name(m.module);
+        if (c.place.split == SplitMode::Row) split += fmt::format("{}{}=row", split.empty() ? "" : ",", mn);
+        else if (req.split[(size_t)m.module] == SplitMode::Row && c.place.devices.size() == 1)
+            out.reasons.push_back(fmt::format("{}: --split-mode row not needed: it runs on one device", mn));
+    }
+    for (size_t i = 0; i < kModuleCount; ++i) {
+        if (std::any_of(req.modules.begin(), req.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; })) continue;
+        if (req.split[i] == SplitMode::Row) split += fmt::format("{}{}=row", split.empty() ? "" : ",", pmodule_name((PModule)i));
+    }
+    f.split_mode = split;
+    for (auto& w : warnings) out.reasons.push_back("warning: " + w);  // (logged by auto_fit, once)
+    out.warnings = warnings;
     // explicit entries of modules the planner was not given (not costed by the family in this
     // build, e.g. a TAESD decoder, ControlNet, upscaler) are kept as the user wrote them
     for (size_t i = 0; i < kModuleCount; ++i) {
@@ -791,6 +907,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     f.max_vram = merge_max_vram(req, caps);
     std::string line = fmt::format("--backend \"{}\"", f.backend);
     if (!f.params_backend.empty()) line += fmt::format(" --params-backend \"{}\"", f.params_backend);
+    if (!f.split_mode.empty()) line += fmt::format(" --split-mode \"{}\"", f.split_mode);
     if (f.stream_layers) line += " --stream-layers";
     if (!f.max_vram.empty()) line += fmt::format(" --max-vram \"{}\"", f.max_vram);
     if (!f.headroom.empty()) line += fmt::format(" --headroom \"{}\"", f.headroom);
@@ -817,7 +934,10 @@ FitResult auto_fit(const FitRequest& req) {
     for (int pass = 0; pass < 4; ++pass) {
         std::map<std::string, uint64_t> fresh;
         FitResult r = fit_once(cur, caps, fresh);
-        if (fresh.empty()) return r;
+        if (fresh.empty()) {
+            for (auto& w : r.warnings) log::warn("{}", w);
+            return r;
+        }
         for (auto& [d, b] : fresh) {
             caps[d] = b;
             for (auto& dev : cur.devices)
@@ -938,6 +1058,159 @@ double measure_h2d_bandwidth(ggml_backend_dev_t dev, size_t bytes) {
     }
     ggml_free(ctx);
     return best;
+}
+
+}  // namespace easel::placement
+
+// -------------------------------------------------------------------------------------------- device speed
+
+namespace easel::placement {
+
+namespace {
+
+/// ggml_backend_dev_init, freed on scope exit.
+struct BackendHold {
+    ggml_backend_t b = nullptr;
+    ~BackendHold() {
+        if (b) ggml_backend_free(b);
+    }
+};
+
+/// Seconds of one ggml_backend_graph_compute of `gf` (synchronised).
+double time_graph(ggml_backend_t be, ggml_cgraph* gf) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) return -1;
+    ggml_backend_synchronize(be);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+double measure_matmul_flops(ggml_backend_dev_t dev, int threads) {
+    if (!dev) return 0;
+    BackendHold be{ggml_backend_dev_init(dev, nullptr)};
+    if (!be.b) return 0;
+    if (ggml_backend_is_cpu(be.b)) ggml_backend_cpu_set_n_threads(be.b, threads > 0 ? threads : (int)std::max(1u, std::thread::hardware_concurrency()));
+    constexpr int64_t K = 1024, M = 1024;
+    double best = 0;
+    for (int64_t N = 64; N <= 16384; N *= 4) {
+        ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+        ggml_context* ctx = ggml_init(ip);
+        if (!ctx) return best;
+        struct FreeCtx {
+            ggml_context* c;
+            ~FreeCtx() { ggml_free(c); }
+        } free_ctx{ctx};
+        ggml_tensor* w = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, K, M);
+        ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, N);
+        ggml_tensor* y = ggml_mul_mat(ctx, w, x);
+        ggml_cgraph* gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, y);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be.b);
+        if (!buf) return best;
+        struct FreeBuf {
+            ggml_backend_buffer_t b;
+            ~FreeBuf() { ggml_backend_buffer_free(b); }
+        } free_buf{buf};
+        // small values (no denormals, no infinities): speed does not depend on them otherwise
+        std::vector<ggml_fp16_t> wh((size_t)(K * M));
+        for (size_t i = 0; i < wh.size(); ++i) wh[i] = ggml_fp32_to_fp16(0.001f * (float)(i % 97));
+        std::vector<float> xh((size_t)(K * N));
+        for (size_t i = 0; i < xh.size(); ++i) xh[i] = 0.01f * (float)(i % 89);
+        ggml_backend_tensor_set(w, wh.data(), 0, ggml_nbytes(w));
+        ggml_backend_tensor_set(x, xh.data(), 0, ggml_nbytes(x));
+        if (time_graph(be.b, gf) < 0) return best;  // warm-up (CUDA: kernels, cuBLAS handles)
+        double t = 1e300;
+        for (int i = 0; i < 3; ++i) {
+            const double dt = time_graph(be.b, gf);
+            if (dt < 0) return best;
+            t = std::min(t, dt);
+        }
+        if (t > 0) best = std::max(best, 2.0 * (double)K * (double)M * (double)N / t);
+        if (t >= 0.010) break;
+    }
+    return best;
+}
+
+DeviceSpeed measure_device_speed(ggml_backend_dev_t dev, int threads) {
+    DeviceSpeed s;
+    if (!dev) return s;
+    s.flops = measure_matmul_flops(dev, threads);
+    if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) s.h2d_bytes_per_s = measure_h2d_bandwidth(dev, 8u << 20);
+    return s;
+}
+
+namespace {
+constexpr const char* kDeviceFormat = "easel-autofit-device-v1";
+}
+
+DeviceSpeedCache::DeviceSpeedCache(std::filesystem::path dir, std::string name, std::string description, int threads)
+    : name_(std::move(name)), description_(std::move(description)) {
+    if (dir.empty()) return;
+    file_ = dir / "autofit" / ("device-" + pipeline::cache_key({kDeviceFormat, name_, description_, std::to_string(threads)}) + ".json");
+}
+
+DeviceSpeed DeviceSpeedCache::get(const std::function<DeviceSpeed()>& measure) {
+    hit_ = false;
+    problem_.clear();
+    std::error_code ec;
+    if (!file_.empty() && std::filesystem::exists(file_, ec)) {
+        // every field checked: a file that is not one of ours, or of another device, is refused
+        std::string why;
+        DeviceSpeed s;
+        try {
+            std::ifstream in(file_);
+            const auto j = nlohmann::json::parse(in);
+            auto num = [&](const char* k) -> double {
+                if (!j.contains(k) || !j[k].is_number()) throw std::runtime_error(fmt::format("\"{}\" missing or not a number", k));
+                return j[k].get<double>();
+            };
+            if (!j.is_object()) why = "not a JSON object";
+            else if (!j.contains("format") || j["format"] != kDeviceFormat) why = fmt::format("\"format\" is not \"{}\"", kDeviceFormat);
+            else if (!j.contains("device") || j["device"] != name_) why = fmt::format("\"device\" is not \"{}\"", name_);
+            else {
+                s.flops = num("flops");
+                s.h2d_bytes_per_s = num("h2d_bytes_per_s");
+                if (!std::isfinite(s.flops) || s.flops <= 0) why = fmt::format("\"flops\" {} is not a positive number", s.flops);
+                else if (!std::isfinite(s.h2d_bytes_per_s) || s.h2d_bytes_per_s < 0)
+                    why = fmt::format("\"h2d_bytes_per_s\" {} is negative or not finite", s.h2d_bytes_per_s);
+            }
+        } catch (const std::exception& e) {
+            why = e.what();
+        }
+        if (why.empty()) {
+            hit_ = true;
+            return s;
+        }
+        problem_ = fmt::format("auto-fit: refusing the device measurement cache {} ({}); measuring {} again and replacing it", file_.string(), why,
+                               name_);
+        log::warn("{}", problem_);
+    }
+    const DeviceSpeed s = measure();
+    if (file_.empty() || s.flops <= 0) return s;  // (a failed measurement is not remembered)
+    try {
+        std::filesystem::create_directories(file_.parent_path());
+        nlohmann::json j = {{"format", kDeviceFormat}, {"device", name_}, {"description", description_}, {"flops", s.flops},
+                            {"h2d_bytes_per_s", s.h2d_bytes_per_s}};
+        const auto tmp = file_.string() + ".tmp";
+        {
+            std::ofstream o(tmp);
+            o << j.dump(1) << "\n";
+            if (!o) throw std::runtime_error("write failed");
+        }
+        std::filesystem::rename(tmp, file_);
+    } catch (const std::exception& e) {
+        log::warn("auto-fit: cannot write the device measurement cache {} ({})", file_.string(), e.what());
+    }
+    return s;
+}
+
+bool device_bench_enabled() {
+    const char* v = std::getenv("EASEL_AUTOFIT_BENCH");
+    if (!v) return true;
+    std::string s(v);
+    for (auto& ch : s) ch = (char)std::tolower((unsigned char)ch);
+    return !(s == "0" || s == "off" || s == "no" || s == "false");
 }
 
 }  // namespace easel::placement

@@ -16,7 +16,11 @@
 //                   decode that does not fit whole is tiled here, with the largest tile that fits;
 //   3 host-streamed weights in host RAM, uploaded to the accelerator per evaluation (diffusion:
 //                   --stream-layers, leading blocks resident; others: --max-vram segments);
-//   4 layer split   contiguous block ranges over several accelerators, balanced by budget;
+//   4 layer split   contiguous block ranges over several accelerators, balanced by budget; with
+//                   --split-mode row for the module (FitRequest::split) a row split (tensor
+//                   parallelism on ggml's meta device, placement/row_split.h) over the same
+//                   device sets where the module has row-split rules, else layer split with a
+//                   warning;
 //   5 disk          weights read from the model file onto the accelerator per phase, or, when the
 //                   module does not fit the accelerator whole, --max-vram segments read from the
 //                   file per evaluation through one transient host buffer of a segment's size
@@ -31,7 +35,12 @@
 //           (+ / disk bandwidth for Disk segments read per evaluation)
 //           + state bytes crossing devices x (1/bw(from) + 1/bw(to))
 //           + flops_per_eval x (share of the module's parameters on the device) / device FLOP/s
+//           row split: the blocks' share / (members x the slowest member's FLOP/s), plus the
+//           all-reduces: 2 per block of the hidden state (ModuleCosts::state_bytes(1)) x
+//           ceil(log2 members) steps, each over the slower member's link (1/bw(a) + 1/bw(b))
 //   total = load + evals x per eval.
+// FLOP/s and host-to-device bandwidth come from FitDevice (measured at plan time by
+// measure_device_speed, cached by DeviceSpeedCache), else defaults by device type.
 #pragma once
 
 #include "placement/plan.h"
@@ -55,8 +64,8 @@ struct FitDevice {
     std::string type = "gpu";      ///< "cpu", "gpu", "igpu", "accel"
     uint64_t budget = 0;           ///< bytes one stage may use (after --max-vram, --headroom, free memory); 0 = none usable
     uint64_t max_alloc = 0;        ///< largest single buffer (ggml_backend_buft_get_max_size); 0 = unlimited
-    double h2d_bytes_per_s = 0;    ///< host-to-device bandwidth in bytes/s (measured or estimated); 0 = default by type
-    double flops = 0;              ///< compute throughput in FLOP/s; 0 = default by type (gpu 2e13, cpu 2e11)
+    double h2d_bytes_per_s = 0;    ///< host-to-device bandwidth in bytes/s (measured: measure_device_speed); 0 = default by type
+    double flops = 0;              ///< compute throughput in FLOP/s (measured: measure_device_speed); 0 = default by type (gpu 2e13, cpu 2e11)
     /// The user's --headroom for this device in bytes (already subtracted from `budget`); used
     /// only to write a --max-vram cap that reproduces a budget the planner lowered.
     uint64_t headroom = 0;
@@ -100,6 +109,12 @@ struct FitRequest {
     /// The user's --max-vram / --headroom values (copied into the flags unchanged).
     std::string max_vram, headroom;
     double disk_bytes_per_s = 1.0e9;  ///< model file read speed
+    /// --split-mode per module (PlacementSpec's). Row: a device list the planner chooses (or a
+    /// pinned one) is planned as a row split where the module can be row split (rules, at most
+    /// RowSplitRules::max_devices devices, weights on the devices), else as a layer split with a
+    /// warning (FitResult::warnings); the flags then say `--split-mode M=row` only for the
+    /// modules planned as row splits.
+    std::array<SplitMode, kModuleCount> split{};
 };
 
 /// The choice made for one module.
@@ -109,6 +124,7 @@ struct FitChoice {
     ModulePlan plan;
     double seconds = 0;          ///< predicted time of the module in the job
     int vae_tile = 0;            ///< > 0: decode tiled with tiles of this many latent cells
+    bool row_split = false;      ///< the plan is a row split (its blocks on ggml's meta device)
 };
 
 /// The plan: what to run, as a spec and as flags, and why.
@@ -119,6 +135,9 @@ struct FitResult {
     std::string flags_line;               ///< the same as one command-line fragment (copy, edit, rerun)
     int vae_tile = 0;                     ///< > 0: --vae-tiling --vae-tile-size TxT
     std::vector<std::string> reasons;     ///< one line per decision
+    /// What the plan does not do as asked (a --split-mode row that falls back to layer split, and
+    /// why); also logged with log::warn and listed among the reasons.
+    std::vector<std::string> warnings;
     /// Predicted peak bytes per device over the job as the pipeline runs it (one module per
     /// stage, freed after: the largest stage), the figure the measured peak is compared with.
     std::map<std::string, uint64_t> predicted_peak;
@@ -169,5 +188,55 @@ private:
 /// Host-to-device bandwidth of `dev` in bytes/s: the best of three ggml_backend_tensor_set
 /// uploads of `bytes` into a buffer of the device (0 when the device cannot allocate it).
 double measure_h2d_bandwidth(ggml_backend_dev_t dev, size_t bytes = 32u << 20);
+
+/// Measured speed of one device, the cost model's inputs (FitDevice::flops, h2d_bytes_per_s).
+struct DeviceSpeed {
+    double flops = 0;            ///< FLOP/s of measure_matmul_flops; 0 = unknown (the cost model's default by type)
+    double h2d_bytes_per_s = 0;  ///< host-to-device bandwidth, bytes/s; 0 = unknown / not measured (the CPU)
+};
+
+/// Matmul throughput of `dev` in FLOP/s: ggml_mul_mat of an F16 weight of ne [1024, 1024] by
+/// F32 activations of ne [1024, N] (the layout of a Linear layer on N tokens; 2 x 1024 x 1024 x N
+/// FLOPs) as one graph on a backend of the device, N = 64, 256, 1024, ... until one run takes
+/// 10 ms or N reaches 16384, then the best of three timed runs after a warm-up. `threads`: the
+/// CPU backend's threads (<= 0: hardware threads; other backends ignore it). 0 when the device
+/// cannot allocate the tensors or run the graph. A figure for ranking devices and for the cost
+/// model's compute term, not the device's peak (which depends on shapes and types).
+double measure_matmul_flops(ggml_backend_dev_t dev, int threads);
+
+/// Both figures of `dev`: measure_matmul_flops, and for non-CPU devices measure_h2d_bandwidth
+/// with 8 MiB uploads (the CPU's "upload" is a memcpy: left 0).
+DeviceSpeed measure_device_speed(ggml_backend_dev_t dev, int threads);
+
+/// Device speeds cached on disk next to the compute-buffer cache, so that planning does not
+/// benchmark the devices every time (and gives the same plan twice: a fresh measurement varies
+/// by a few percent). File: <dir>/autofit/device-<key>.json, key = pipeline::cache_key of the
+/// format, the device's name and description and (CPU) the thread count; contents
+/// {"format": "easel-autofit-device-v1", "device": NAME, "description": DESC, "flops": F,
+/// "h2d_bytes_per_s": B} (F > 0, B >= 0, finite). An empty `dir` (--no-cache) measures every
+/// time and writes nothing.
+class DeviceSpeedCache {
+public:
+    DeviceSpeedCache(std::filesystem::path dir, std::string name, std::string description, int threads = 0);
+    /// The cached speed when the file holds a valid one; else `measure()`, written to the file
+    /// (temporary + rename). A file that exists but is not a valid entry is refused: problem()
+    /// names the file and what is wrong, the refusal is logged (log::warn), and the file is
+    /// replaced by the new measurement. Write failures are logged, never thrown.
+    DeviceSpeed get(const std::function<DeviceSpeed()>& measure);
+    bool hit() const { return hit_; }                      ///< the last get() answered from the file
+    const std::string& problem() const { return problem_; }  ///< why the file was refused ("" = not refused)
+    const std::filesystem::path& file() const { return file_; }
+
+private:
+    std::filesystem::path file_;
+    std::string name_, description_;
+    bool hit_ = false;
+    std::string problem_;
+};
+
+/// False when the environment variable EASEL_AUTOFIT_BENCH is "0", "off", "no" or "false":
+/// --auto-fit then skips the device micro-benchmarks (and their cache) and the cost model uses
+/// its defaults by device type (GPU 2e13 FLOP/s and 12 GB/s, RPC 1 GB/s, CPU 2e11 FLOP/s).
+bool device_bench_enabled();
 
 }  // namespace easel::placement
