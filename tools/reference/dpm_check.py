@@ -13,6 +13,11 @@ after every scheduler step, step_x0: the scheduler's x0 prediction of every step
 OUT/summary.json (scheduler config, per-step sigma / |latent| / |x0| RMS, train.analyse() of the image and
 check() against the prompt). Latent forms: DPMSolverMultistepScheduler keeps VP samples
 (alpha * x, alpha = 1/sqrt(sigma^2 + 1)); Euler/Heun keep k-diffusion's x = x0 + sigma * noise.
+
+Second use, numpy only (no torch): `python3 tools/reference/dpm_check.py --emit-cpp DIR` prints the C++
+arrays of tests/unit/sampling_dpm_zsnr_test.cpp from DIR/dpm_karras_10.safetensors and DIR/heun_exp_6.safetensors
+(the outputs of a run): for 12 latent elements (flat index 341*k), the initial noise, every step's x0
+prediction and every step's latent.
 """
 
 import argparse
@@ -22,13 +27,17 @@ import struct
 import sys
 import time
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "demo-model"))
-import ldm_convert  # noqa: E402
-import train  # noqa: E402
+torch = ldm_convert = train = None  # imported by load_heavy(): --emit-cpp runs with numpy alone
+
+
+def load_heavy():
+    global torch, ldm_convert, train
+    import torch
+    import ldm_convert
+    import train
 
 P_CROSS = "a small cyan cross at the bottom, brown background"
 P_RING = "a large green ring on the right, grey background"
@@ -146,14 +155,50 @@ def run_case(pipe, name, kind, opts, prompt, steps, seed, cfg, out):
     return rec
 
 
+def read_safetensors(path):
+    import numpy as np
+
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        raw = f.read()
+    return {k: np.frombuffer(raw[v["data_offsets"][0]:v["data_offsets"][1]], dtype=np.float32).reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+
+
+def emit_cpp(d):
+    idx = [341 * k for k in range(12)]
+
+    def arr(name, a):
+        vals = ", ".join(f"{float(v):.9g}f" for v in a)
+        return f"const std::vector<float> {name} = {{{vals}}};"
+
+    print(f"// tools/reference/dpm_check.py --emit-cpp: elements {idx} of the [1, 4, 32, 32] latent")
+    for case, tag in (("dpm_karras_10", "kDpm"), ("heun_exp_6", "kHeun")):
+        t = read_safetensors(os.path.join(d, case + ".safetensors"))
+        print(f"// {case}: sigmas {[float(x) for x in t['sigmas']]}")
+        print(arr(tag + "Noise", t["noise"].reshape(-1)[idx]))
+        x0 = t["step_x0"].reshape(len(t["step_x0"]), -1)[:, idx]
+        lat = t["step_latents"].reshape(len(t["step_latents"]), -1)[:, idx]
+        print(arr(tag + "X0", x0.reshape(-1)))
+        print(arr(tag + "Latents", lat.reshape(-1)))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tok", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--emit-cpp", metavar="DIR", help="print the C++ reference arrays from a run's outputs and exit")
+    ap.add_argument("--model")
+    ap.add_argument("--tok")
+    ap.add_argument("--out")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--cfg", type=float, default=5.0)
     a = ap.parse_args()
+    if a.emit_cpp:
+        emit_cpp(a.emit_cpp)
+        return
+    if not (a.model and a.tok and a.out):
+        ap.error("--model, --tok and --out are needed (or --emit-cpp DIR)")
+    load_heavy()
     torch.set_num_threads(max(1, min(16, os.cpu_count() or 1)))
     os.makedirs(a.out, exist_ok=True)
     pipe = load_pipe(a.model, a.tok)
