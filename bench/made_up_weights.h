@@ -13,12 +13,14 @@
 #include <ggml.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace easel::bench {
@@ -66,10 +68,12 @@ inline int64_t count_params(nn::Block& root) {
 
 /// Writes every parameter of `root` (its diffusers names) as BF16 made-up values (see the file
 /// comment) to the safetensors file `path`; `ones(name, role)` says which parameters are norm
-/// scales set to 1; `producer` goes into __metadata__. Returns the parameter count. Throws
-/// Error(Io) when the file cannot be written (naming --tmp-dir as the fix).
+/// scales set to 1; `producer` goes into __metadata__. `threads` tensors are generated at a time
+/// on as many threads (each tensor has its own stream, so the bytes do not depend on it).
+/// Returns the parameter count. Throws Error(Io) when the file cannot be written (naming
+/// --tmp-dir as the fix).
 inline int64_t write_made_up_bf16(const std::filesystem::path& path, nn::Block& root, uint64_t seed, const std::string& producer,
-                                  const std::function<bool(const std::string&, nn::ParamRole)>& ones = norm_role_is_one) {
+                                  const std::function<bool(const std::string&, nn::ParamRole)>& ones = norm_role_is_one, int threads = 1) {
     struct P {
         std::string name;
         std::vector<int64_t> shape;
@@ -97,12 +101,11 @@ inline int64_t write_made_up_bf16(const std::filesystem::path& path, nn::Block& 
     for (int i = 0; i < 8; ++i) le[i] = (unsigned char)(hl >> (8 * i));
     f.write((const char*)le, 8);
     f.write(h.data(), (std::streamsize)h.size());
-    std::vector<float> v;
-    std::vector<ggml_bf16_t> bf;
-    for (auto& p : ps) {
+    // the values of tensor i as BF16
+    auto fill = [&](const P& p, std::vector<ggml_bf16_t>& bf) {
         int64_t n = 1;
         for (int64_t d : p.shape) n *= d;
-        v.resize((size_t)n);
+        std::vector<float> v((size_t)n);
         if (ones(p.name, p.role)) {
             std::fill(v.begin(), v.end(), 1.0f);
         } else {
@@ -112,7 +115,20 @@ inline int64_t write_made_up_bf16(const std::filesystem::path& path, nn::Block& 
         }
         bf.resize(v.size());
         ggml_fp32_to_bf16_row(v.data(), bf.data(), (int64_t)v.size());
-        f.write((const char*)bf.data(), (std::streamsize)(bf.size() * sizeof(ggml_bf16_t)));
+    };
+    const size_t group = (size_t)std::max(1, threads);
+    std::vector<std::vector<ggml_bf16_t>> bufs(group);
+    for (size_t first = 0; first < ps.size(); first += group) {
+        const size_t last = std::min(ps.size(), first + group);
+        if (last - first == 1) {
+            fill(ps[first], bufs[0]);
+        } else {
+            std::vector<std::thread> pool;
+            for (size_t i = first; i < last; ++i) pool.emplace_back([&, i] { fill(ps[i], bufs[i - first]); });
+            for (auto& t : pool) t.join();
+        }
+        for (size_t i = first; i < last; ++i)
+            f.write((const char*)bufs[i - first].data(), (std::streamsize)(bufs[i - first].size() * sizeof(ggml_bf16_t)));
     }
     f.close();
     if (!f) fail(ErrorKind::Io, "writing {} failed (disk full?): choose another folder with --tmp-dir", path.string());

@@ -25,6 +25,12 @@
 //   easel-bench-multigpu [--devices CUDA0,CUDA1] [--modes single,layer,row,capped] [--size 1024]
 //                        [--tokens 128] [--type bf16|q8_0|f32] [--cap-gib 6] [--reps 3] [--warmup 1]
 //                        [--layers 30] [--json out.json] [--tmp-dir DIR] [--rpc-servers ...]
+//   easel-bench-multigpu --write-pipeline DIR [--layers 30] [--te-layers 36] [--keep-existing]
+//
+// --write-pipeline DIR writes the whole Z-Image pipeline of made-up BF16 weights (DiT, Qwen3-4B
+// text encoder, FLUX.1 VAE: bench/pipeline_weights.h) as three files for `easel generate
+// --diffusion-model DIR/z_image_dit.safetensors --llm DIR/qwen3_4b.safetensors --vae
+// DIR/flux1_vae.safetensors`, prints their paths and exits (no device needed).
 //
 // With one GPU, GGML_CUDA_DEVICES=2 (this ggml's CUDA backend option) shows it as two devices.
 #include "bench_common.h"
@@ -34,6 +40,7 @@
 #include "io/weight_index.h"
 #include "made_up_weights.h"
 #include "models/zimage/z_image_dit.h"
+#include "pipeline_weights.h"
 #include "placement/autofit.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
@@ -63,10 +70,6 @@ namespace fs = std::filesystem;
 namespace zi = easel::models::zimage;
 using json = nlohmann::json;
 
-bool zimage_ones(const std::string& name, nn::ParamRole role) {
-    return role == nn::ParamRole::Norm && name.find("pad_token") == std::string::npos;
-}
-
 std::vector<std::string> split_list(const std::string& s) {
     std::vector<std::string> out;
     std::stringstream ss(s);
@@ -77,8 +80,9 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 int main_impl(int argc, char** argv) {
-    std::string devices_arg, modes_arg = "single,layer,row,capped", type = "bf16", json_path, tmp_dir, weights_file, rpc;
-    int threads = 0, reps = 3, warmup = 1, tokens = 128, layers = 30, size = 1024;
+    std::string devices_arg, modes_arg = "single,layer,row,capped", type = "bf16", json_path, tmp_dir, weights_file, rpc, pipeline_dir;
+    int threads = 0, reps = 3, warmup = 1, tokens = 128, layers = 30, size = 1024, te_layers = 36;
+    bool keep_existing = false;
     double cap_gib = 6.0;
     bool fa = true;
     uint64_t seed = 1;
@@ -98,7 +102,20 @@ int main_impl(int argc, char** argv) {
     app.add_option("--json", json_path, "write the results here");
     app.add_option("--tmp-dir", tmp_dir, "folder for the temporary made-up weight file (about 12.3 GB)");
     app.add_option("--weights", weights_file, "made-up weight file to reuse: written when absent and then kept, so several runs (e.g. bf16 and q8_0) share it; it must have been made with the same architecture options")->check(CLI::NonexistentPath | CLI::ExistingFile);
+    app.add_option("--write-pipeline", pipeline_dir,
+                   "write the whole Z-Image pipeline of made-up BF16 weights into DIR (z_image_dit, qwen3_4b, flux1_vae .safetensors; about 20.5 GB at full size) and exit");
+    app.add_option("--te-layers", te_layers, "--write-pipeline: Qwen3-4B layers (default 36)")->check(CLI::Range(2, 36));
+    app.add_flag("--keep-existing", keep_existing, "--write-pipeline: keep files already in DIR (written with the same options)");
     CLI11_PARSE(app, argc, argv);
+    if (!pipeline_dir.empty()) {
+        const auto t_write = Clock::now();
+        const PipelineFiles files = write_zimage_pipeline(pipeline_dir, layers, te_layers, seed, keep_existing, threads);
+        fmt::print("easel-bench-multigpu: made-up Z-Image pipeline ({} DiT layers, {} text-encoder layers) in {:.1f} s:\n", layers, te_layers,
+                   seconds_since(t_write));
+        for (const auto& [flag, path] : {std::pair{"--diffusion-model", files.dit}, std::pair{"--llm", files.llm}, std::pair{"--vae", files.vae}})
+            fmt::print("  {} {} ({:.2f} GB)\n", flag, path.string(), std::filesystem::file_size(path) / 1e9);
+        return 0;
+    }
     if (size % 16) fail(ErrorKind::InvalidInput, "--size {} is not a multiple of 16", size);
 
     placement::init_backends();
@@ -125,7 +142,7 @@ int main_impl(int argc, char** argv) {
     auto t0 = Clock::now();
     {
         zi::ZImageDiT shape_only(turbo_config(layers, 2));
-        if (!reuse) write_made_up_bf16(wpath, shape_only, seed, "easel-bench-multigpu made-up weights", zimage_ones);
+        if (!reuse) write_made_up_bf16(wpath, shape_only, seed, "easel-bench-multigpu made-up weights", zimage_dit_ones);
     }
     fmt::print("  weights {} in {:.1f} s\n", reuse ? "reused" : "written", seconds_since(t0));
     io::WeightIndex idx = io::WeightIndex::open(wpath);
