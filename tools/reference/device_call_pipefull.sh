@@ -16,7 +16,8 @@
 # Usage (after the CUDA build, in the lead's device call):
 #   bash tools/reference/device_call_pipefull.sh EASEL_BINARY EASEL_BENCH_MULTIGPU_BINARY
 # Env: PIPE_DIR (default /tmp/zpipe; files kept there are reused when KEEP=1), GEN_TIME (s per
-# generate, default 110), WRITE_TIME (default 120). For a rehearsal without GPUs (two
+# generate, default 85; the refused "issue" run gets ISSUE_TIME, default 30), WRITE_TIME (default
+# 90): at most 290 s in all. For a rehearsal without GPUs (two
 # `easel rpc-server`s as the devices, reduced files): DEVS="RPC0 RPC1", BACKEND="*=RPC0,diffusion=RPC0&RPC1",
 # EXTRA="--rpc-servers 127.0.0.1:P0,127.0.0.1:P1", SIZE=256, WRITE_ARGS="--layers 2 --te-layers 2".
 set -o pipefail
@@ -34,7 +35,7 @@ export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${NCCL_DIR:+:$NCCL_DIR/
 echo "== pipefull: writing the made-up full-size pipeline to $dir"
 keep=""
 [ "${KEEP:-0}" = 1 ] && keep="--keep-existing"
-timeout "${WRITE_TIME:-120}" "$bench" --write-pipeline "$dir" $keep ${WRITE_ARGS:-} > "$OUT/pipefull_write.log" 2>&1
+timeout "${WRITE_TIME:-90}" "$bench" --write-pipeline "$dir" $keep ${WRITE_ARGS:-} > "$OUT/pipefull_write.log" 2>&1
 rc=$?
 cat "$OUT/pipefull_write.log"
 if [ $rc -ne 0 ]; then echo "FAIL pipefull write: rc=$rc"; exit 1; fi
@@ -91,7 +92,9 @@ run() {
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/$name.smi" 2> /dev/null &
     smi_pid=$!
   fi
-  "${tv[@]}" timeout "${GEN_TIME:-110}" "$easel" generate "${files[@]}" "${job[@]}" "$@" -o "$OUT/$name.png" > "$OUT/$name.log" 2>&1
+  local limit="${GEN_TIME:-85}"
+  [ "$name" = issue ] && limit="${ISSUE_TIME:-30}"
+  "${tv[@]}" timeout "$limit" "$easel" generate "${files[@]}" "${job[@]}" "$@" -o "$OUT/$name.png" > "$OUT/$name.log" 2>&1
   local rc=$?
   if [ -n "$smi_pid" ]; then
     kill "$smi_pid" 2> /dev/null
