@@ -78,6 +78,7 @@ ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn:
     c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
     c.state_bytes = [hold, f = c.state_bytes](int e) { return f(e); };
     if (c.row_split_bytes) c.row_split_bytes = [hold, f = c.row_split_bytes](size_t n) { return f(n); };
+    if (c.row_split_partial_bytes) c.row_split_partial_bytes = [hold, f = c.row_split_partial_bytes](int b, int e) { return f(b, e); };
     c.module = module;
     return c;
 }

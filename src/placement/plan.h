@@ -109,6 +109,11 @@ struct ModuleCosts {
     /// and the block parameter bytes each of n devices holds under them.
     std::shared_ptr<const RowSplitRules> row_split;
     std::function<std::vector<uint64_t>(size_t n_devices)> row_split_bytes;
+    /// Row split: bytes of the largest partial sum in the graph of blocks [b, e) at the job's
+    /// shapes (the output of a matmul whose weight has the Row role), i.e. one all-reduce staging
+    /// tensor of ggml's meta device (RowSplitDevice::allreduce_bytes measures the same on the
+    /// loaded graph). Optional: without it plan_row_split bounds a partial sum by state_bytes(1).
+    std::function<uint64_t(int b, int e)> row_split_partial_bytes;
     /// VAE decoder only, for --auto-fit's tiling (placement/autofit.h FitModule::measure_tile):
     /// the compute buffer of decoding one tile of `tile` x `tile` latent cells (clipped to the
     /// latent_h x latent_w latent) as one graph on `device`, measured like `measure`. Empty: the

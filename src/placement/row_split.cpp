@@ -421,10 +421,13 @@ ModulePlan plan_row_split(PModule module, const ModulePlacement& place, const Mo
     epi.epilogue = true;
     epi.param_bytes = c.prologue_bytes;
     epi.compute_bytes = c.measure(n, n, false, true, devs[0]);
-    // the all-reduce staging buffer: one tensor of the largest partial sum per reduction step;
-    // a partial sum is a block's hidden state (bounded by the state between blocks)
+    // the all-reduce staging buffer: one tensor of the largest partial sum per reduction step,
+    // measured on the blocks' graph as the runtime does (RowSplitDevice::allreduce_bytes); else
+    // bounded by the state between blocks (which may hold more than a hidden state: a mask, a
+    // position bias)
     uint64_t partial = 0;
-    if (c.state_bytes && n > 1) partial = c.state_bytes(1);
+    if (c.row_split_partial_bytes) partial = c.row_split_partial_bytes(0, n);
+    else if (c.state_bytes && n > 1) partial = c.state_bytes(1);
     const uint64_t steps = (uint64_t)std::ceil(std::log2((double)devs.size()));
     p.segments = {pro, mid, epi};
     for (size_t j = 0; j < devs.size(); ++j) {

@@ -185,7 +185,8 @@ private:
 /// the first device, blocks [0, n) as one graph on the meta device (segment device name
 /// "A&B&..."). Per device: its slices + mirrored block parameters + the compute buffer of the
 /// blocks' graph (every device allocates the whole graph's buffer) + the all-reduce staging
-/// buffer; the first device adds the prologue/epilogue parameters (one copy, shared by the two
+/// buffer (ceil(log2 n) tensors of the largest partial sum: ModuleCosts::row_split_partial_bytes,
+/// else the state between blocks); the first device adds the prologue/epilogue parameters (one copy, shared by the two
 /// graphs: SegmentExecutor::load) and their compute.
 /// Parameters must be on the devices (Residency::Device). Throws Error(OutOfMemory) like
 /// plan_module when a device's total exceeds its budget.

@@ -278,6 +278,7 @@ public:
         if (row_rules_ && row_rules_->why_not.empty()) {
             c.row_split = row_rules_;
             c.row_split_bytes = [this](size_t n) { return row_split_bytes(n); };
+            c.row_split_partial_bytes = [this, make_inputs, select](int b, int e) { return measure_partial(make_inputs, select, b, e); };
         } else if (row_rules_) {
             c.row_split = row_rules_;  // why_not says why it cannot apply
         }
@@ -598,6 +599,43 @@ private:
     }
 
     uint64_t measure(const InputsFn& make_inputs, const SelectFn& select, int b, int e, bool pro, bool epi, const std::string& dev) {
+        size_t size = 0;
+        with_range_graph(make_inputs, select, b, e, pro, epi, [&](ggml_cgraph* gf) {
+            ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_dev_buffer_type(device(dev).dev));
+            ggml_gallocr_reserve_n_size(ga, gf, nullptr, nullptr, &size);
+            ggml_gallocr_free(ga);
+        });
+        return size;
+    }
+
+    /// Row split: bytes of the largest partial sum in the graph of blocks [b, e) (state entering
+    /// as inputs, as the meta segment runs them): the output of a MUL_MAT whose weight (through
+    /// its views) is a parameter with the Row role, what RowSplitDevice::allreduce_bytes finds on
+    /// the loaded graph (ggml's meta device stages one such tensor per all-reduce step).
+    uint64_t measure_partial(const InputsFn& make_inputs, const SelectFn& select, int b, int e) {
+        uint64_t biggest = 0;
+        if (!row_rules_) return 0;
+        with_range_graph(make_inputs, select, b, e, false, false, [&](ggml_cgraph* gf) {
+            std::unordered_map<const ggml_tensor*, const std::string*> param_of;  // stand-in tensor -> parameter name
+            for (auto& [p, name] : names_)
+                if (p->tensor) param_of[p->tensor] = &name;
+            for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+                const ggml_tensor* node = ggml_graph_node(gf, i);
+                if (node->op != GGML_OP_MUL_MAT) continue;
+                const ggml_tensor* w = node->src[0];
+                while (w && w->view_src) w = w->view_src;
+                auto it = w ? param_of.find(w) : param_of.end();
+                if (it != param_of.end() && row_rules_->rule(*it->second).role == placement::RowRole::Row)
+                    biggest = std::max<uint64_t>(biggest, ggml_nbytes(node));
+            }
+        });
+        return biggest;
+    }
+
+    /// Builds the no_alloc graph of blocks [b, e) (+ prologue / epilogue; without the prologue
+    /// the state enters as inputs) with stand-in parameters installed, and calls f(graph).
+    template <class F>
+    void with_range_graph(const InputsFn& make_inputs, const SelectFn& select, int b, int e, bool pro, bool epi, F&& f) {
         const size_t max_nodes = 32768;
         install_fake();
         struct Restore {
@@ -627,12 +665,7 @@ private:
                 outs.push_back((t->view_src || !ggml_is_contiguous(t)) ? ggml_cont(g.ctx, t) : t);
             });
         }
-        ggml_cgraph* gf = g.graph(outs, max_nodes);
-        ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_dev_buffer_type(device(dev).dev));
-        size_t size = 0;
-        ggml_gallocr_reserve_n_size(ga, gf, nullptr, nullptr, &size);
-        ggml_gallocr_free(ga);
-        return size;
+        f(g.graph(outs, max_nodes));
     }
 
     const Seq& seq_;
