@@ -12,7 +12,8 @@
 # 1024x1024, 2 steps, seed 1, --no-cache. Prints the plan table and the measured-vs-predicted
 # peak table of each run and one PASS/FAIL line per device and run: measured peak <= 6144 MiB
 # and within 10% of the plan's prediction (the runtime's accounting of its buffers; nvidia-smi's
-# maximum, CUDA context included, is printed beside it). Logs, PNGs and the writer's log go to $OUT.
+# maximum, CUDA context included, is printed beside it). Logs, PNGs and the writer's log go to
+# $OUT/pipefull.tar.
 # Usage (after the CUDA build, in the lead's device call):
 #   bash tools/reference/device_call_pipefull.sh EASEL_BINARY EASEL_BENCH_MULTIGPU_BINARY
 # Env: PIPE_DIR (default /tmp/zpipe; files kept there are reused when KEEP=1), GEN_TIME (s per
@@ -24,6 +25,9 @@ set -o pipefail
 easel="$(readlink -f "${1:?easel binary}")"
 bench="$(readlink -f "${2:?easel-bench-multigpu binary}")"
 OUT="${OUT:-/tmp/pipefull_out}"
+# logs and images are gathered in $res and leave as one $OUT/pipefull.tar (the run tool returns
+# at most 8 files)
+res=$(mktemp -d /tmp/pipefull_res.XXXXXX)
 mkdir -p "$OUT"
 dir="${PIPE_DIR:-/tmp/zpipe}"
 t0=$(date +%s)
@@ -35,10 +39,10 @@ export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${NCCL_DIR:+:$NCCL_DIR/
 echo "== pipefull: writing the made-up full-size pipeline to $dir"
 keep=""
 [ "${KEEP:-0}" = 1 ] && keep="--keep-existing"
-timeout "${WRITE_TIME:-90}" "$bench" --write-pipeline "$dir" $keep ${WRITE_ARGS:-} > "$OUT/pipefull_write.log" 2>&1
+timeout "${WRITE_TIME:-90}" "$bench" --write-pipeline "$dir" $keep ${WRITE_ARGS:-} > "$res/pipefull_write.log" 2>&1
 rc=$?
-cat "$OUT/pipefull_write.log"
-if [ $rc -ne 0 ]; then echo "FAIL pipefull write: rc=$rc"; exit 1; fi
+cat "$res/pipefull_write.log"
+if [ $rc -ne 0 ]; then echo "FAIL pipefull write: rc=$rc"; tar -C "$res" -cf "$OUT/pipefull.tar" .; exit 1; fi
 echo "== written after $(el)"
 files=(--diffusion-model "$dir/z_image_dit.safetensors" --llm "$dir/qwen3_4b.safetensors" --vae "$dir/flux1_vae.safetensors")
 size=${SIZE:-1024}
@@ -78,7 +82,7 @@ check() {
   done
 }
 
-# run NAME FLAGS...: one generate, log to $OUT/NAME.log, image $OUT/NAME.png; returns its rc
+# run NAME FLAGS...: one generate, log to $res/NAME.log, image $res/NAME.png; returns its rc
 run() {
   local name="$1"
   shift
@@ -89,19 +93,19 @@ run() {
   # library workspaces, which the runtime's accounting leaves out): printed for information
   local smi_pid=""
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/$name.smi" 2> /dev/null &
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$res/$name.smi" 2> /dev/null &
     smi_pid=$!
   fi
   local limit="${GEN_TIME:-85}"
   [ "$name" = issue ] && limit="${ISSUE_TIME:-30}"
-  "${tv[@]}" timeout "$limit" "$easel" generate "${files[@]}" "${job[@]}" "$@" -o "$OUT/$name.png" > "$OUT/$name.log" 2>&1
+  "${tv[@]}" timeout "$limit" "$easel" generate "${files[@]}" "${job[@]}" "$@" -o "$res/$name.png" > "$res/$name.log" 2>&1
   local rc=$?
   if [ -n "$smi_pid" ]; then
     kill "$smi_pid" 2> /dev/null
     wait "$smi_pid" 2> /dev/null
-    echo "   nvidia-smi max memory.used (MiB, context included): $(awk -F', *' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (g in m) printf "GPU%s %s  ", g, m[g] }' "$OUT/$name.smi")"
+    echo "   nvidia-smi max memory.used (MiB, context included): $(awk -F', *' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (g in m) printf "GPU%s %s  ", g, m[g] }' "$res/$name.smi")"
   fi
-  grep -E "^(stage|timings|memory)|Maximum resident" "$OUT/$name.log" | sed 's/^/   /'
+  grep -E "^(stage|timings|memory)|Maximum resident" "$res/$name.log" | sed 's/^/   /'
   echo "   rc=$rc after $(el)"
   return $rc
 }
@@ -111,29 +115,30 @@ caps=(--max-vram "${devs[0]}=6,${devs[1]}=6")
 # weights + 2798 MiB of compute on the first device (easel plan on the CPU), so generate must
 # refuse before loading anything, naming --params-backend diffusion=cpu --stream-layers
 if run issue --backend "$backend" "${caps[@]}" --params-backend te=cpu; then
-  check issue "$OUT/issue.log"
-elif grep -qE "needs [0-9]+ MiB on .* but the budget leaves" "$OUT/issue.log" && ! grep -q "^stage " "$OUT/issue.log"; then
-  echo "PASS issue: refused before any stage ran: $(grep -E "needs [0-9]+ MiB" "$OUT/issue.log" | head -1)"
+  check issue "$res/issue.log"
+elif grep -qE "needs [0-9]+ MiB on .* but the budget leaves" "$res/issue.log" && ! grep -q "^stage " "$res/issue.log"; then
+  echo "PASS issue: refused before any stage ran: $(grep -E "needs [0-9]+ MiB" "$res/issue.log" | head -1)"
 else
-  echo "FAIL issue: $(tail -3 "$OUT/issue.log")"
+  echo "FAIL issue: $(tail -3 "$res/issue.log")"
   fails=$((fails + 1))
 fi
 # 2. the issue's devices and caps with the fixes the refusals name: DiT and te weights in host RAM,
 # streamed (--stream-layers), the VAE decode tiled (1024 px whole needs 12 GiB of compute)
 if run capped --backend "$backend" "${caps[@]}" --params-backend te=cpu,diffusion=cpu --stream-layers --vae-tiling; then
-  check capped "$OUT/capped.log"
+  check capped "$res/capped.log"
 else
-  echo "FAIL capped: $(grep -iE "error" "$OUT/capped.log" | head -2)"
+  echo "FAIL capped: $(grep -iE "error" "$res/capped.log" | head -2)"
   fails=$((fails + 1))
 fi
 # 3. --auto-fit under the same caps
 if run autofit --auto-fit "${caps[@]}"; then
-  grep -iE "auto-fit|^ *--" "$OUT/autofit.log" | head -12
-  check autofit "$OUT/autofit.log"
+  grep -iE "auto-fit|^ *--" "$res/autofit.log" | head -12
+  check autofit "$res/autofit.log"
 else
-  echo "FAIL autofit: $(grep -iE "error" "$OUT/autofit.log" | head -2)"
+  echo "FAIL autofit: $(grep -iE "error" "$res/autofit.log" | head -2)"
   fails=$((fails + 1))
 fi
 [ "${KEEP:-0}" = 1 ] || rm -rf "$dir"
-echo "== pipefull: $fails failure(s), $(el) in all"
+tar -C "$res" -cf "$OUT/pipefull.tar" . && rm -rf "$res"
+echo "== pipefull: $fails failure(s), $(el) in all; logs, PNGs, nvidia-smi samples in \$OUT/pipefull.tar"
 [ $fails -eq 0 ]
