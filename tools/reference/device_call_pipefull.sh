@@ -8,6 +8,7 @@
 #            8670 MiB on CUDA0), so PASS = refused before any stage runs, naming the fix
 #   capped   the same devices and caps + --params-backend te=cpu,diffusion=cpu --stream-layers
 #            --vae-tiling (the fixes the refusals name): planned peaks 6049 / 6020 MiB
+#   issue_q8 the same with --type q8_0 --vae-tiling (the DiT about our users' 7 GB file)
 #   autofit  --auto-fit --max-vram CUDA0=6,CUDA1=6
 # 1024x1024, 2 steps, seed 1, --no-cache. Prints the plan table and the measured-vs-predicted
 # peak table of each run and one PASS/FAIL line per device and run: measured peak <= 6144 MiB
@@ -130,7 +131,15 @@ else
   echo "FAIL capped: $(grep -iE "error" "$res/capped.log" | head -2)"
   fails=$((fails + 1))
 fi
-# 3. --auto-fit under the same caps
+# 3. the issue's flags with the DiT quantised to Q8_0 at load (6.5 GB of matmul weights, about our
+# users' 7 GB Z-Image file): the DiT's halves fit the caps resident; the VAE tiled at 1024 px
+if run issue_q8 --backend "$backend" "${caps[@]}" --params-backend te=cpu --type q8_0 --vae-tiling; then
+  check issue_q8 "$res/issue_q8.log"
+else
+  echo "FAIL issue_q8: $(grep -iE "error" "$res/issue_q8.log" | head -2)"
+  fails=$((fails + 1))
+fi
+# 4. --auto-fit under the same caps
 if run autofit --auto-fit "${caps[@]}"; then
   grep -iE "auto-fit|^ *--" "$res/autofit.log" | head -12
   check autofit "$res/autofit.log"
