@@ -852,7 +852,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     // --split-mode: row only for the modules planned as row splits (a module asked for row that
     // runs on one device or as a layer split gets no entry: the runtime would otherwise row
     // split a device list the plan made a layer split), and for modules the planner was not
-    // given, as the user asked
+    // given whose --backend entry names a device list, as the user asked
     std::string split;
     for (size_t k = 0; k < nm; ++k) {
         const FitModule& m = req.modules[k];
@@ -865,7 +865,8 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
     }
     for (size_t i = 0; i < kModuleCount; ++i) {
         if (std::any_of(req.modules.begin(), req.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; })) continue;
-        if (req.split[i] == SplitMode::Row) split += fmt::format("{}{}=row", split.empty() ? "" : ",", pmodule_name((PModule)i));
+        if (req.split[i] == SplitMode::Row && req.pinned_devices[i].size() > 1)
+            split += fmt::format("{}{}=row", split.empty() ? "" : ",", pmodule_name((PModule)i));
     }
     f.split_mode = split;
     for (auto& w : warnings) out.reasons.push_back("warning: " + w);  // (logged by auto_fit, once)
@@ -1076,11 +1077,15 @@ struct BackendHold {
     }
 };
 
-/// Seconds of one ggml_backend_graph_compute of `gf` (synchronised).
-double time_graph(ggml_backend_t be, ggml_cgraph* gf) {
+/// Seconds of one ggml_backend_graph_compute of `gf` until its output `y` can be read: one value
+/// of it is read back (an RPC backend returns from graph_compute and synchronize before the
+/// server has computed; a read is answered after it).
+double time_graph(ggml_backend_t be, ggml_cgraph* gf, ggml_tensor* y) {
     const auto t0 = std::chrono::steady_clock::now();
     if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) return -1;
     ggml_backend_synchronize(be);
+    float v = 0;
+    ggml_backend_tensor_get(y, &v, 0, sizeof(v));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -1119,10 +1124,10 @@ double measure_matmul_flops(ggml_backend_dev_t dev, int threads) {
         for (size_t i = 0; i < xh.size(); ++i) xh[i] = 0.01f * (float)(i % 89);
         ggml_backend_tensor_set(w, wh.data(), 0, ggml_nbytes(w));
         ggml_backend_tensor_set(x, xh.data(), 0, ggml_nbytes(x));
-        if (time_graph(be.b, gf) < 0) return best;  // warm-up (CUDA: kernels, cuBLAS handles)
+        if (time_graph(be.b, gf, y) < 0) return best;  // warm-up (CUDA: kernels, cuBLAS handles)
         double t = 1e300;
         for (int i = 0; i < 3; ++i) {
-            const double dt = time_graph(be.b, gf);
+            const double dt = time_graph(be.b, gf, y);
             if (dt < 0) return best;
             t = std::min(t, dt);
         }
