@@ -415,6 +415,24 @@ AutoencoderKL::AutoencoderKL(const AutoencoderKLConfig& cfg, KLParts parts, bool
         encoder_ = &add<VaeEncoder>("encoder", cfg, ldm_attn_shape);
         if (cfg.use_quant_conv)
             quant_conv_ = &add<nn::Conv2d>("quant_conv", 2 * cfg.latent_channels, 2 * cfg.latent_channels, 1, 1, 0);
+        enc_seq_ = std::make_unique<KLEncoderSequence>();
+        enc_seq_->encoder_ = encoder_;
+        enc_seq_->quant_conv_ = quant_conv_;
+        using K = KLEncodeUnit::Kind;
+        auto& units = enc_seq_->units_;
+        for (size_t b = 0; b < encoder_->down_blocks.size(); ++b) {
+            const DownEncoderBlock2D* db = encoder_->down_blocks[b];
+            for (size_t j = 0; j < db->resnets.size(); ++j)
+                units.push_back(KLEncodeUnit{K::Resnet, db->resnets[j], db->resnets[j], nullptr, nullptr,
+                                             fmt::format("encoder.down_blocks.{}.resnets.{}", b, j)});
+            if (db->down)
+                units.push_back(KLEncodeUnit{K::Downsample, db->down, nullptr, nullptr, db->down,
+                                             fmt::format("encoder.down_blocks.{}.downsamplers.0", b)});
+        }
+        const VaeMidBlock* mid = encoder_->mid;
+        units.push_back(KLEncodeUnit{K::Resnet, mid->resnet0, mid->resnet0, nullptr, nullptr, "encoder.mid_block.resnets.0"});
+        if (mid->attn) units.push_back(KLEncodeUnit{K::Attention, mid->attn, nullptr, mid->attn, nullptr, "encoder.mid_block.attentions.0"});
+        units.push_back(KLEncodeUnit{K::Resnet, mid->resnet1, mid->resnet1, nullptr, nullptr, "encoder.mid_block.resnets.1"});
     }
     if (want_dec && cfg.has_decoder) {
         if (cfg.use_post_quant_conv)
@@ -437,9 +455,38 @@ AutoencoderKL::AutoencoderKL(const AutoencoderKLConfig& cfg, KLParts parts, bool
     }
 }
 
+const KLEncoderSequence& AutoencoderKL::encoder_sequence() const {
+    if (!enc_seq_) fail(ErrorKind::InvalidInput, "AutoencoderKL: this VAE was loaded without an encoder");
+    return *enc_seq_;
+}
+
 ggml_tensor* AutoencoderKL::encode_moments(nn::Ctx& c, ggml_tensor* image) const {
-    if (!encoder_) fail(ErrorKind::InvalidInput, "AutoencoderKL: this VAE was loaded without an encoder");
-    ggml_tensor* h = encoder_->forward(c, image);
+    return encoder_sequence().forward(c, KLEncodeInputs{image});
+}
+
+KLEncodeState KLEncoderSequence::prologue(nn::Ctx& c, const KLEncodeInputs& in) const {
+    return KLEncodeState{encoder_->conv_in->forward(c, in.image)};
+}
+
+KLEncodeState KLEncoderSequence::block(nn::Ctx& c, int i, KLEncodeState s) const {
+    if (i < 0 || i >= n_blocks())
+        fail(ErrorKind::InvalidInput, "AutoencoderKL: encoder block {} out of range [0, {})", i, n_blocks());
+    const KLEncodeUnit& u = units_[size_t(i)];
+    switch (u.kind) {
+        case KLEncodeUnit::Kind::Resnet: s.h = u.resnet->forward(c, s.h); break;
+        case KLEncodeUnit::Kind::Attention: s.h = u.attn->forward(c, s.h); break;
+        case KLEncodeUnit::Kind::Downsample:
+            // DownEncoderBlock2D's downsampler (downsampling.py Downsample2D, padding 0):
+            // F.pad(x, (0, 1, 0, 1)), then the 3x3 conv with stride 2
+            s.h = u.down->forward(c, ggml_pad_ext(c.ctx, s.h, 0, 1, 0, 1, 0, 0, 0, 0));
+            break;
+    }
+    return s;
+}
+
+ggml_tensor* KLEncoderSequence::epilogue(nn::Ctx& c, KLEncodeState s) const {
+    ggml_tensor* h = silu(c, encoder_->norm_out->forward(c, s.h));
+    h = encoder_->conv_out->forward(c, h);
     if (quant_conv_) h = quant_conv_->forward(c, h);
     return h;
 }
@@ -538,17 +585,13 @@ void check_tiling(const TilingOptions& t, int f) {
 
 }  // namespace
 
-HostTensor AutoencoderKLModel::encode_moments(const HostTensor& image, const TilingOptions& tiling, const ExecOptions& ex) const {
-    const auto& cfg = config();
-    if (!module_->has_encoder()) fail(ErrorKind::InvalidInput, "this VAE was loaded without its encoder; it cannot encode images");
+HostTensor encode_moments_with(const AutoencoderKLConfig& cfg, const HostTensor& image, const TilingOptions& tiling,
+                               const std::function<HostTensor(const HostTensor&)>& run) {
     const int f = cfg.spatial_factor();
     if (image.c != cfg.in_channels)
         fail(ErrorKind::InvalidInput, "VAE encode: image has {} channels, the encoder takes {}", image.c, cfg.in_channels);
-    if (image.h <= 0 || image.w <= 0 || image.h % f != 0 || image.w % f != 0)
+    if (image.n <= 0 || image.h <= 0 || image.w <= 0 || image.h % f != 0 || image.w % f != 0)
         fail(ErrorKind::InvalidInput, "VAE encode: image size {}x{} must be a positive multiple of {}", image.w, image.h, f);
-    auto run = [&](const HostTensor& x) {
-        return run_image_graph(backend_, x, [&](nn::Ctx& c, ggml_tensor* in) { return module_->encode_moments(c, in); }, ex);
-    };
     if (tiling.enabled) {
         check_tiling(tiling, f);
         if (image.h > tiling.tile_size || image.w > tiling.tile_size)
@@ -557,9 +600,28 @@ HostTensor AutoencoderKLModel::encode_moments(const HostTensor& image, const Til
     return run(image);
 }
 
+std::pair<int64_t, int64_t> encode_graph_image(const AutoencoderKLConfig& cfg, int64_t H, int64_t W, const TilingOptions& tiling) {
+    if (!tiling.enabled) return {H, W};
+    check_tiling(tiling, cfg.spatial_factor());
+    const int64_t t = tiling.tile_size;
+    if (H > t || W > t) return {std::min(H, t), std::min(W, t)};
+    return {H, W};
+}
+
+HostTensor AutoencoderKLModel::encode_moments(const HostTensor& image, const TilingOptions& tiling, const ExecOptions& ex) const {
+    if (!module_->has_encoder()) fail(ErrorKind::InvalidInput, "this VAE was loaded without its encoder; it cannot encode images");
+    return encode_moments_with(config(), image, tiling, [&](const HostTensor& x) {
+        return run_image_graph(backend_, x, [&](nn::Ctx& c, ggml_tensor* in) { return module_->encode_moments(c, in); }, ex);
+    });
+}
+
 LatentDist AutoencoderKLModel::encode(const HostTensor& image, const TilingOptions& tiling, const ExecOptions& ex) const {
-    HostTensor m = encode_moments(image, tiling, ex);
-    const int64_t L = config().latent_channels;
+    return moments_to_dist(encode_moments(image, tiling, ex), config().latent_channels);
+}
+
+LatentDist moments_to_dist(const HostTensor& m, int64_t L) {
+    if (L <= 0 || m.c != 2 * L)
+        fail(ErrorKind::InvalidInput, "VAE encode: the encoder gave {} moment channels, expected 2 x {} latent channels", m.c, L);
     LatentDist d{HostTensor(m.n, L, m.h, m.w), HostTensor(m.n, L, m.h, m.w)};
     for (int64_t n = 0; n < m.n; ++n)
         for (int64_t c = 0; c < L; ++c)

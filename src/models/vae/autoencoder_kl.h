@@ -219,6 +219,64 @@ struct KLDecodeUnit {
     std::string name;  ///< e.g. "decoder.up_blocks.1.upsamplers.0"
 };
 
+/// Inputs of the encoder sequence: the image {W, H, in, N} in [-1, 1], F32.
+struct KLEncodeInputs {
+    ggml_tensor* image = nullptr;
+};
+
+/// The state between two encoder blocks (an nn::SequenceState): the feature map {W, H, C, N}.
+struct KLEncodeState {
+    ggml_tensor* h = nullptr;
+    /// Calls f on "h".
+    void visit_tensors(const nn::StateTensorFn& f) { f("h", h); }
+};
+
+/// One block of the encoder sequence: a resnet, a downsampler (pad (0,1,0,1) + 3x3 conv stride
+/// 2) or the mid-block attention; `params` is its parameter subtree.
+struct KLEncodeUnit {
+    enum class Kind { Resnet, Downsample, Attention };
+    Kind kind = Kind::Resnet;
+    const nn::Block* params = nullptr;
+    const ResnetBlock2D* resnet = nullptr;
+    const VaeAttention* attn = nullptr;
+    const nn::Conv2d* down = nullptr;
+    std::string name;  ///< e.g. "encoder.down_blocks.0.downsamplers.0"
+};
+
+/// The AutoencoderKL encoder (with quant_conv) as a typed block sequence (nn::Sequence), so the
+/// placement runtime can cut it into segments on devices, keep its weights in RAM or on disk,
+/// and measure any block range (placement/vae_encoder.h):
+///   prologue   encoder.conv_in: image {W, H, in, N} -> {W, H, C0, N}
+///   block[i]   in order: for each down block b (highest resolution first)
+///              down_blocks.b.resnets.0..layers-1, then down_blocks.b.downsamplers.0 (all but the
+///              last level), then mid_block.resnets.0, mid_block.attentions.0 (when present),
+///              mid_block.resnets.1
+///   epilogue   conv_norm_out -> SiLU -> conv_out -> quant_conv (when present):
+///              {w, h, C_last, N} -> moments {w, h, 2L, N}
+/// The ops and their order are those of diffusers vae.Encoder.forward followed by
+/// AutoencoderKL.encode's quant_conv; AutoencoderKL::encode_moments is forward() (the same
+/// graph). Owned by an AutoencoderKL built with its encoder (AutoencoderKL::encoder_sequence);
+/// it refers into that tree and must not outlive it.
+class KLEncoderSequence : public nn::Sequence<KLEncodeInputs, KLEncodeState, ggml_tensor*> {
+public:
+    int n_blocks() const override { return int(units_.size()); }
+    /// encoder.conv_in.
+    KLEncodeState prologue(nn::Ctx& c, const KLEncodeInputs& in) const override;
+    /// Block i (see the class comment). Throws Error(InvalidInput) for a bad index.
+    KLEncodeState block(nn::Ctx& c, int i, KLEncodeState s) const override;
+    /// conv_norm_out + SiLU + conv_out (+ quant_conv).
+    ggml_tensor* epilogue(nn::Ctx& c, KLEncodeState s) const override;
+    const nn::Block& block_params(int i) const override { return *units_.at(size_t(i)).params; }
+    /// Block i of the encoder sequence. Throws std::out_of_range for a bad index.
+    const KLEncodeUnit& unit(int i) const { return units_.at(size_t(i)); }
+
+private:
+    friend class AutoencoderKL;
+    const VaeEncoder* encoder_ = nullptr;
+    const nn::Conv2d* quant_conv_ = nullptr;
+    std::vector<KLEncodeUnit> units_;
+};
+
 /// The AutoencoderKL module tree (root names: encoder, decoder, quant_conv, post_quant_conv).
 ///
 /// The decoder is a typed block sequence (nn::Sequence, nn/sequence.h), so the placement
@@ -242,8 +300,12 @@ public:
     bool has_decoder() const { return decoder_ != nullptr; }
 
     /// image {W, H, in, N} (values in [-1, 1]) -> moments {W/f, H/f, 2L, N}: encoder then
-    /// quant_conv. Channels [0, L) are the mean, [L, 2L) the unclamped log-variance.
+    /// quant_conv, i.e. encoder_sequence().forward({image}). Channels [0, L) are the mean,
+    /// [L, 2L) the unclamped log-variance. Throws Error(InvalidInput) when the encoder was not built.
     ggml_tensor* encode_moments(nn::Ctx& c, ggml_tensor* image) const;
+    /// The encoder as a typed block sequence (KLEncoderSequence). Throws Error(InvalidInput)
+    /// when the encoder was not built.
+    const KLEncoderSequence& encoder_sequence() const;
 
     /// latent {w, h, L, N} (raw, not scaled) -> image {w*f, h*f, out, N}: forward({z}).
     /// Throws Error(InvalidInput) when the decoder was not built.
@@ -267,6 +329,7 @@ private:
     nn::Conv2d* quant_conv_ = nullptr;
     nn::Conv2d* post_quant_conv_ = nullptr;
     std::vector<KLDecodeUnit> units_;
+    std::unique_ptr<KLEncoderSequence> enc_seq_;  // when the encoder is built
 };
 
 /// The TensorSource of an AutoencoderKL stored under `src` in `index` (prefix, and the key map
@@ -307,6 +370,25 @@ HostTensor decode_with(const AutoencoderKLConfig& cfg, const HostTensor& latent,
 /// first tile (min(tile_size / f, h) x min(tile_size / f, w)) when `tiling` tiles it (as
 /// decode_with decides), else {h, w}.
 std::pair<int64_t, int64_t> decode_graph_latent(const AutoencoderKLConfig& cfg, int64_t h, int64_t w, const TilingOptions& tiling);
+
+/// The encode rule of AutoencoderKLModel::encode_moments with the graph execution left to `run`
+/// (so a placed encoder tiles exactly as the whole one): checks image [N, C, H, W] against `cfg`
+/// (C = in_channels; H, W positive multiples of f; else Error(InvalidInput)) and the tile size (a
+/// positive multiple of f); with tiling enabled and an image larger than one tile (tile_size
+/// pixels) in H or W, `run` encodes each tile (tiled_apply: diffusers _tiled_encode, the moments
+/// blended), else the whole image once. run: image [N, in, th, tw] -> moments [N, 2L, th/f, tw/f].
+HostTensor encode_moments_with(const AutoencoderKLConfig& cfg, const HostTensor& image, const TilingOptions& tiling,
+                               const std::function<HostTensor(const HostTensor&)>& run);
+
+/// Splits moments [N, 2L, h, w] into the posterior: mean = channels [0, L), logvar = channels
+/// [L, 2L) clamped to [-30, 20] (diffusers DiagonalGaussianDistribution). Throws
+/// Error(InvalidInput) when the channel count is not 2L.
+LatentDist moments_to_dist(const HostTensor& moments, int64_t latent_channels);
+
+/// The largest image an encode of an H x W image (pixels) hands to one graph: the first tile
+/// (min(tile_size, H) x min(tile_size, W)) when `tiling` tiles it (as encode_moments_with
+/// decides), else {H, W}.
+std::pair<int64_t, int64_t> encode_graph_image(const AutoencoderKLConfig& cfg, int64_t H, int64_t W, const TilingOptions& tiling);
 
 /// A loaded AutoencoderKL with its parameters on one backend.
 class AutoencoderKLModel {
