@@ -68,12 +68,18 @@ EASEL_COMMAND(
             fo.flow_shift = p->flow_shift;
             fo.placement = spec;
             fo.vae_tile = pipeline::planned_vae_tile(*p);
+            // the encode stage (-i, -r): planned at the images' sizes, as generate runs it
+            const pipeline::EncodeSizes enc = pipeline::encode_image_sizes(*p);
+            fo.vae_encode_sizes = enc.init;
+            fo.reference_sizes = enc.references;
             auto fam = models::open_family(files, fo);
             const int f = fam->latent_format().spatial_factor;
             // sizes rounded down to the family's multiple (16 for Z-Image / FLUX), as generate does
             const int mult = fam->size_multiple();
             if (p->width <= 0 || p->height <= 0) fail(ErrorKind::InvalidInput, "size {}x{} must be positive", p->width, p->height);
-            const int W = std::max(mult, p->width / mult * mult), H = std::max(mult, p->height / mult * mult);
+            // generate takes an init image's size (-i) for the job
+            const int W0 = enc.init.empty() ? p->width : (int)enc.init[0].second, H0 = enc.init.empty() ? p->height : (int)enc.init[0].first;
+            const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
             fmt::print("{}: {}\n", fam->name(), fam->describe());
             fmt::print("placement: {}\n", placement::describe(*spec));
             fmt::print("job: {}x{} pixels, latent {}x{}x{}, batch 1 per evaluation\n\n", W, H, fam->latent_format().channels, H / f, W / f);

@@ -27,6 +27,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace easel::models {
@@ -108,6 +109,14 @@ struct FamilyOptions {
     /// --vae-tiling: the tile side in latent cells the pipeline's decode will use (0 = whole), so
     /// placement_costs / plan_placement cost the VAE decoder at the graph it will really run.
     int vae_tile = 0;
+    /// The images the job encodes with the VAE encoder, {H, W} pixels as given (the init image -i,
+    /// whose size in-painting's masked image shares; `easel encode-image`'s image): plan_placement
+    /// adds the encode stage's plan (module vae, stage placement::kVaeEncodeStage) for them, each
+    /// rounded down to size_multiple() as the pipeline crops it. Empty: no encode stage planned.
+    std::vector<std::pair<int64_t, int64_t>> vae_encode_sizes;
+    /// Reference images of edit-mode families (-r), {H, W} pixels as given: planned like
+    /// vae_encode_sizes at the size the family encodes them (FLUX.2 Klein: resized / cropped).
+    std::vector<std::pair<int64_t, int64_t>> reference_sizes;
 };
 
 /// A model family bound to the user's files. Modules load lazily (see load()).

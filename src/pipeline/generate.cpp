@@ -13,6 +13,7 @@
 #include "pipeline/png_meta.h"
 #include "pipeline/stages.h"
 #include "placement/devices.h"
+#include "placement/vae_encoder.h"
 #include "sampling/sampler.h"
 
 #include <sys/resource.h>
@@ -88,6 +89,9 @@ struct Setup {
     int threads = 1;
     int64_t seed = 0;
     ggml_backend_dev_t device = nullptr;
+    /// The images the job encodes ({H, W} pixels as loaded): -i, and the reference images -r
+    /// (FamilyOptions::vae_encode_sizes / reference_sizes: the encode stage's plan).
+    std::vector<std::pair<int64_t, int64_t>> encode_sizes, reference_sizes;
 };
 
 /// Byte offset of the first byte of `s` that does not start or continue a well-formed UTF-8
@@ -222,7 +226,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
         using placement::PModule;
         fo.te_device = placement::find_device((*spec)[PModule::Te].devices.at(0));
         fo.diffusion_device = placement::find_device((*spec)[PModule::Diffusion].devices.at(0));
-        // (the VAE decoder runs under its plan; the VAE encoder whole on the first vae device)
+        // (the VAE decoder and encoder run under their plans; TAESD whole on the first vae device)
         fo.vae_device = placement::find_device((*spec)[PModule::Vae].devices.at(0));
         s.device = fo.diffusion_device;
         fo.placement = spec;
@@ -235,6 +239,8 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.flow_shift = p.flow_shift;
     fo.guidance = p.guidance;
     fo.vae_tile = planned_vae_tile(p);
+    fo.vae_encode_sizes = s.encode_sizes;
+    fo.reference_sizes = s.reference_sizes;
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
     return fam;
@@ -564,12 +570,38 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
 /// beside the prediction, over every placed module of the job (stages time-share a device).
 void log_peaks_after_decode(const models::Family& fam) {
     auto plans = fam.placement_plans();
-    if (std::none_of(plans.begin(), plans.end(), [](const placement::ModulePlan& pl) { return pl.module == placement::PModule::Vae; })) return;
+    if (std::none_of(plans.begin(), plans.end(), [](const placement::ModulePlan& pl) {
+            return pl.module == placement::PModule::Vae && placement::stage_of(pl) != placement::kVaeEncodeStage;
+        }))
+        return;
     log::info("placement: peak bytes per device after the decode, measured beside the plan's prediction:\n{}",
               placement::format_peaks(plans, fam.placement_peaks()));
 }
 
+/// After an encode stage: when the VAE encoder ran under a placement plan, the measured peak per
+/// device beside the prediction (over every placed module of the job so far).
+void log_peaks_after_encode(const models::Family& fam) {
+    auto plans = fam.placement_plans();
+    if (std::none_of(plans.begin(), plans.end(), [](const placement::ModulePlan& pl) { return placement::stage_of(pl) == placement::kVaeEncodeStage; }))
+        return;
+    log::info("placement: peak bytes per device after the image encode, measured beside the plan's prediction:\n{}",
+              placement::format_peaks(plans, fam.placement_peaks()));
+}
+
 }  // namespace
+
+EncodeSizes encode_image_sizes(const GenerateParams& p) {
+    EncodeSizes r;
+    if (!p.init_img.empty()) {
+        const Image im = load_image(p.init_img, 3);
+        r.init.push_back({im.height, im.width});
+    }
+    for (const auto& f : p.ref_images) {
+        const Image im = load_image(f, 3);
+        r.references.push_back({im.height, im.width});
+    }
+    return r;
+}
 
 std::string batch_output_path(const std::string& pattern, int index, int count) {
     // The placeholders are replaced here, never by printf: the pattern is user input, and a
@@ -654,6 +686,8 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     }
     std::vector<Image> refs;  // -r: reference images of edit models
     for (const auto& r : p.ref_images) refs.push_back(load_image(r, 3));
+    if (init) s.encode_sizes.push_back({init->height, init->width});  // the encode stage's plan
+    for (const Image& r : refs) s.reference_sizes.push_back({r.height, r.width});
     rep.seed = s.seed;
 
     auto t0 = Clock::now();
@@ -744,6 +778,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         }
         if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
         fam->unload(Module::VaeEncoder);
+        log_peaks_after_encode(*fam);
         rep.vae_s += since(tv);
         init_hash = artifact_data_hash(posterior_artifact(*init_dist, *fam, {}));
         if (mask) {
@@ -770,6 +805,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fam->set_reference_images(rt);
         if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
         fam->unload(Module::VaeEncoder);
+        log_peaks_after_encode(*fam);
         rep.vae_s += since(tv);
         init_hash = "xxh3-128:" + cache_key(parts);
     }
@@ -853,6 +889,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.save_latent, "--save-latent FILE");
         check_output_folder(p.save_latent, "--save-latent");
         Image img = load_image(p.init_img, 3);
+        s.encode_sizes.push_back({img.height, img.width});  // the encode stage's plan
         auto fam = open_model(s);
         const int f = fam->latent_format().spatial_factor;
         const int W = round_size(img.width, fam->size_multiple(), "width"), H = round_size(img.height, fam->size_multiple(), "height");
@@ -872,6 +909,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         nlohmann::json pj = {{"image", p.init_img}, {"image_hash", xxh3_hex(img.pixels)}, {"width", W}, {"height", H},
                              {"model_fingerprint", model_fingerprint(fam->module_files(Module::VaeEncoder), p.full_fingerprint)}};
         fam->unload(Module::VaeEncoder);
+        log_peaks_after_encode(*fam);
         write_artifact(p.save_latent, posterior_artifact(d, *fam, pj));
         written.push_back(p.save_latent);
         break;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace easel::pipeline {
@@ -51,6 +52,16 @@ std::string find_demo_model();
 /// XxY: X), 0 without --vae-tiling; what models::FamilyOptions::vae_tile plans for. Throws
 /// Error(InvalidInput) for a malformed --vae-tile-size.
 int planned_vae_tile(const GenerateParams& p);
+
+/// The images a job encodes with the VAE encoder, {H, W} pixels as the files give them.
+struct EncodeSizes {
+    std::vector<std::pair<int64_t, int64_t>> init;        ///< -i (at most one)
+    std::vector<std::pair<int64_t, int64_t>> references;  ///< -r, in order
+};
+/// The sizes of `p`'s -i and -r images (for models::FamilyOptions::vae_encode_sizes /
+/// reference_sizes, so `easel plan` shows the encode stage as generate will run it). Reads the
+/// images. Throws as load_image (Error(Io) / Error(InvalidInput)).
+EncodeSizes encode_image_sizes(const GenerateParams& p);
 
 /// Runs a generation job. Without -m/--diffusion-model the bundled demo model is used. Throws easel::Error (one-line messages) for bad input: unknown
 /// sampler/scheduler/rng names, unreadable or wrong-kind model files, an unreadable init image,

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "placement/vae_encoder.h"
 #include "text/prompt_syntax.h"
 
 #include <sys/resource.h>
@@ -498,12 +499,14 @@ ModuleBytes module_bytes(const models::Family& fam, models::Module m) {
     case models::Module::Te: pm = PModule::Te; break;
     case models::Module::Diffusion: pm = PModule::Diffusion; break;
     case models::Module::VaeDecoder: pm = PModule::Vae; break;
-    case models::Module::VaeEncoder: break;  // (runs whole: not placed)
+    case models::Module::VaeEncoder: pm = PModule::Vae; break;  // the plans of the encode stage
     }
     ModuleBytes b;
     if (pm)
         for (auto& p : fam.placement_plans()) {
             if (p.module != *pm) continue;
+            // the vae module's plans: the encoder's are those of the encode stage
+            if (p.module == PModule::Vae && (placement::stage_of(p) == placement::kVaeEncodeStage) != (m == models::Module::VaeEncoder)) continue;
             for (auto& s : p.segments) b.params += s.param_bytes;
             for (auto& u : p.devices) {
                 b.compute = std::max<size_t>(b.compute, u.compute);

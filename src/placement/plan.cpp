@@ -326,7 +326,7 @@ std::string format_plan(const std::vector<ModulePlan>& plans) {
                 for (auto& g : p.segments) nseg += g.device == u.device;
                 ranges = fmt::format("{} segments", nseg);
             }
-            s += fmt::format("{:<10} {:<24} {:<14} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9} {:>9.1f}\n", pmodule_name(p.module), u.device,
+            s += fmt::format("{:<10} {:<24} {:<14} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9} {:>9.1f}\n", stage_of(p), u.device,
                              ranges, mib(u.params), mib(u.slots), mib(u.compute), mib(u.state), mib(u.total()),
                              u.budget ? fmt::format("{:.1f}", mib(u.budget)) : std::string("-"), mib(p.host_bytes));
         }

@@ -428,7 +428,7 @@ bool Flux1::loaded(Module m) const {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr;
-    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
     }
     return false;
 }
@@ -500,6 +500,10 @@ void Flux1::load(Module m) {
         }
         [[fallthrough]];
     case Module::VaeEncoder: {
+        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
+            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, false);
+            break;
+        }
         if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
         const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
         vae::KLOverrides kov;
@@ -548,6 +552,11 @@ void Flux1::unload(Module m) {
         break;
     case Module::VaeEncoder:
         vae_enc_.reset();
+        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
+            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
+            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
+        }
+        placed_vae_enc_.reset();
         if (!vae_dec_) vae_runner_.reset();
         break;
     }
@@ -558,7 +567,7 @@ size_t Flux1::param_bytes(Module m) const {
     case Module::Te: return te_ ? te_->t5_params.size() + te_->clip_params.size() : 0;
     case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
     case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : placed_vae_ ? placed_vae_->param_bytes() : 0;
-    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : placed_vae_enc_ ? placed_vae_enc_->param_bytes() : 0;
     }
     return 0;
 }
@@ -710,6 +719,7 @@ vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOpt
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
     ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
+    if (placed_vae_enc_) return placed_vae_enc_->encode(image, tiling);
     return vae_enc_->encode(image, tiling, ex);
 }
 
@@ -796,7 +806,17 @@ vae::TilingOptions Flux1::planned_tiling() const {
 
 std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
-    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
+    // the encode stage (img2img): the VAE encoder under the vae entry
+    if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
+        const int64_t m = size_multiple();
+        std::vector<std::pair<int64_t, int64_t>> sizes;
+        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
+            plans.push_back(std::move(p));
+    }
+    return plans;
 }
 
 std::vector<placement::ModulePlan> Flux1::placement_plans() const {
@@ -811,6 +831,8 @@ std::vector<placement::ModulePlan> Flux1::placement_plans() const {
     else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
+    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
+    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
     return r;
 }
 
@@ -824,6 +846,8 @@ std::map<std::string, uint64_t> Flux1::placement_peaks() const {
     if (placed_dit_) merge(placed_dit_->placed->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());
+    merge(vae_enc_peaks_done_);
+    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
     return p;
 }
 

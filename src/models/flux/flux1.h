@@ -46,6 +46,7 @@
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
 #include "placement/vae_decoder.h"
+#include "placement/vae_encoder.h"
 #include "runtime/graph_runner.h"
 
 #include <memory>
@@ -177,6 +178,11 @@ private:
     std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
     std::map<std::string, uint64_t> vae_peaks_done_;
+    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
+    /// plan and measured peaks kept when it is unloaded.
+    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
+    std::vector<placement::ModulePlan> vae_enc_plans_done_;
+    std::map<std::string, uint64_t> vae_enc_peaks_done_;
     /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.
     placement::VaeDecoderSource vae_source() const;
     /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), in pixels.

@@ -386,7 +386,7 @@ bool Flux2Klein::loaded(Module m) const {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr || placed_vae_ != nullptr;
-    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
     }
     return false;
 }
@@ -649,6 +649,10 @@ void Flux2Klein::load(Module m) {
         [[fallthrough]];
     }
     case Module::VaeEncoder: {
+        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
+            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, false);
+            break;
+        }
         const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
         vae::KLOverrides kov;
         if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
@@ -693,6 +697,11 @@ void Flux2Klein::unload(Module m) {
         break;
     case Module::VaeEncoder:
         vae_enc_.reset();
+        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
+            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
+            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
+        }
+        placed_vae_enc_.reset();
         if (!vae_dec_ && !taesd_) vae_runner_.reset();
         break;
     }
@@ -712,7 +721,7 @@ size_t Flux2Klein::param_bytes(Module m) const {
             return b;
         }
         return 0;
-    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : placed_vae_enc_ ? placed_vae_enc_->param_bytes() : 0;
     }
     return 0;
 }
@@ -847,7 +856,7 @@ vae::HostTensor Flux2Klein::vae_encode_mean(const vae::HostTensor& image, const 
     vae::ExecOptions ex;
     ex.n_threads = opt_.threads;
     ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
-    vae::LatentDist d = vae_enc_->encode(image, tiling, ex);
+    vae::LatentDist d = placed_vae_enc_ ? placed_vae_enc_->encode(image, tiling) : vae_enc_->encode(image, tiling, ex);
     if (logvar) *logvar = std::move(d.logvar);
     return std::move(d.mean);
 }
@@ -952,9 +961,38 @@ vae::TilingOptions Flux2Klein::planned_tiling() const {
     return t;
 }
 
+namespace {
+
+/// The size {h, w} pixels klein_prepare_reference encodes a reference image of H x W pixels at
+/// (resized to about kKleinMaxRefPixels when larger, then cropped to a multiple of `multiple`),
+/// for planning the encode stage; {0, 0} for a size it refuses (the run stops there).
+std::pair<int64_t, int64_t> klein_reference_size(int64_t H, int64_t W, int multiple) {
+    if (W < 64 || H < 64 || std::max((double)W / H, (double)H / W) > 8.0 || multiple <= 0) return {0, 0};
+    if (W * H > kKleinMaxRefPixels) {
+        const double s = std::sqrt((double)kKleinMaxRefPixels / (double)(W * H));
+        W = (int64_t)((double)W * s);
+        H = (int64_t)((double)H * s);
+    }
+    return {H / multiple * multiple, W / multiple * multiple};
+}
+
+}  // namespace
+
 std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
-    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
+    // the encode stage (img2img, reference images): the VAE encoder under the vae entry
+    if (kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty())) {
+        const int64_t m = latent_format().spatial_factor;
+        std::vector<std::pair<int64_t, int64_t>> sizes;
+        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        for (auto [H, W] : opt_.reference_sizes)
+            if (auto r = klein_reference_size(H, W, (int)m); r.first > 0 && r.second > 0) sizes.push_back(r);
+        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
+            plans.push_back(std::move(p));
+    }
+    return plans;
 }
 
 std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
@@ -965,6 +1003,8 @@ std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
     else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
+    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
+    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
     return r;
 }
 
@@ -978,6 +1018,8 @@ std::map<std::string, uint64_t> Flux2Klein::placement_peaks() const {
     if (placed_dit_) merge(placed_dit_->placed->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());
+    merge(vae_enc_peaks_done_);
+    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
     return p;
 }
 

@@ -330,7 +330,7 @@ bool StableDiffusion::loaded(Module m) const {
     case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
     case Module::Diffusion: return unet_.net != nullptr || placed_unet_ != nullptr;
     case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr || (taesd_ && taesd_->has_decoder());
-    case Module::VaeEncoder: return vae_enc_ != nullptr;
+    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
     }
     return false;
 }
@@ -408,6 +408,10 @@ void StableDiffusion::load(Module m) {
         [[fallthrough]];
     case Module::VaeEncoder: {
         if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
+        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
+            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, opt_.flash_attn_te);
+            break;
+        }
         const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *unet_idx_;
         vae::KLOverrides kov;
         if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
@@ -457,6 +461,11 @@ void StableDiffusion::unload(Module m) {
         break;
     case Module::VaeEncoder:
         vae_enc_.reset();
+        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
+            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
+            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
+        }
+        placed_vae_enc_.reset();
         if (!vae_dec_ && !taesd_ && !placed_vae_) vae_runner_.reset();
         break;
     }
@@ -470,7 +479,10 @@ size_t StableDiffusion::param_bytes(Module m) const {
         if (vae_dec_) return bound_bytes(vae_dec_->module());
         if (placed_vae_) return placed_vae_->param_bytes();
         return 0;
-    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : 0;
+    case Module::VaeEncoder:
+        if (vae_enc_) return bound_bytes(vae_enc_->module());
+        if (placed_vae_enc_) return placed_vae_enc_->param_bytes();
+        return 0;
     }
     return 0;
 }
@@ -622,6 +634,7 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
     ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
+    if (placed_vae_enc_) return placed_vae_enc_->encode(image, tiling);
     return vae_enc_->encode(image, tiling, ex);
 }
 
@@ -683,7 +696,17 @@ vae::TilingOptions StableDiffusion::planned_tiling() const {
 
 std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
-    return placement::plan_modules(*opt_.placement, placement_costs(h, w), placement::resolve_budgets(*opt_.placement, placement::list_devices()));
+    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
+    // the encode stage (img2img / in-painting): the VAE encoder under the vae entry
+    if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
+        const int64_t m = size_multiple();
+        std::vector<std::pair<int64_t, int64_t>> sizes;
+        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, opt_.flash_attn_te, sizes, planned_tiling()))
+            plans.push_back(std::move(p));
+    }
+    return plans;
 }
 
 std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
@@ -694,6 +717,8 @@ std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
     else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
     if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
     else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
+    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
+    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
     return r;
 }
 
@@ -711,6 +736,8 @@ std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
     if (placed_unet_) merge(placed_unet_->peaks());
     merge(vae_peaks_done_);
     if (placed_vae_) merge(placed_vae_->peaks());
+    merge(vae_enc_peaks_done_);
+    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
     return p;
 }
 

@@ -27,6 +27,7 @@
 #include "models/vae/taesd.h"
 #include "placement/sd_unet.h"
 #include "placement/vae_decoder.h"
+#include "placement/vae_encoder.h"
 #include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
@@ -168,6 +169,11 @@ private:
     std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;
     std::map<std::string, uint64_t> vae_peaks_done_;
+    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
+    /// plan and measured peaks kept when it is unloaded.
+    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
+    std::vector<placement::ModulePlan> vae_enc_plans_done_;
+    std::map<std::string, uint64_t> vae_enc_peaks_done_;
     std::unique_ptr<io::WeightIndex> taesd_idx_;
     std::unique_ptr<vae::TinyAutoencoder> taesd_;
     size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;

@@ -37,6 +37,7 @@
 #include "models/vae/autoencoder_kl.h"
 #include "models/zimage/z_image_dit.h"
 #include "placement/vae_decoder.h"
+#include "placement/vae_encoder.h"
 #include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 
@@ -178,6 +179,11 @@ private:
     std::map<std::string, uint64_t> dit_peaks_done_;
     std::vector<placement::ModulePlan> vae_plans_done_;
     std::map<std::string, uint64_t> vae_peaks_done_;
+    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
+    /// plan and measured peaks kept when it is unloaded.
+    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
+    std::vector<placement::ModulePlan> vae_enc_plans_done_;
+    std::map<std::string, uint64_t> vae_enc_peaks_done_;
     std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
     std::map<std::string, uint64_t> te_peaks_done_;
     size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;

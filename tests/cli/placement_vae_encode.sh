@@ -1,0 +1,141 @@
+#!/bin/bash
+# The VAE encoder (img2img's encode stage) under placement flags, end to end with the tiny SD
+# pipeline and two `easel rpc-server`s on 127.0.0.1 (ports 65500-65535): a layer split
+# (--backend "vae=RPC0&RPC1"), weights in RAM (--params-backend vae=cpu) and on disk (vae=disk),
+# and a --max-vram cap below a tiled encode's need with the weights in RAM (--max-vram segments
+# uploaded per tile) each give the PNG of the plain CPU img2img run (-i, the same --vae-tiling);
+# the peaks printed after the image encode are within 10% of the prediction (and under the cap)
+# on each RPC device; `easel plan -i` shows the encode stage (vae-encode rows and stage column);
+# `easel encode-image` under a layer split writes the CPU run's latent file.
+# Usage: placement_vae_encode.sh EASEL_BINARY TEST_DATA_DIR
+set -u
+easel="$1"
+data="$2"
+model="$data/reference/sd_tiny/sd_tiny.safetensors"
+source "$(dirname "$0")/lib/rpc.bash"  # _rpc_pair_cleanup
+# two rpc-servers on ports 65500-65535 (ports above 65535 do not exist, so not the 65800 range the
+# task named; lib/rpc.bash's start_rpc_pair spans
+# 800 ports), another pair of the range when a port is taken; $tmp, $rpc, fails=0
+tmp=$(mktemp -d)
+pids=()
+trap _rpc_pair_cleanup EXIT
+fails=0
+for attempt in 0 1 2 3 4 5 6 7; do
+  port0=$((65500 + (($$ + attempt * 7) % 17) * 2))
+  port1=$((port0 + 1))
+  "$easel" rpc-server --port "$port0" --device CPU --threads 1 >"$tmp/rpc-$port0.log" 2>&1 &
+  p0=$!
+  "$easel" rpc-server --port "$port1" --device CPU --threads 1 >"$tmp/rpc-$port1.log" 2>&1 &
+  p1=$!
+  up=0
+  for i in $(seq 300); do
+    if (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null; then up=1; break; fi
+    kill -0 "$p0" 2>/dev/null && kill -0 "$p1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "$up" = 1 ]; then pids+=("$p0" "$p1"); break; fi
+  kill "$p0" "$p1" 2>/dev/null
+  wait "$p0" "$p1" 2>/dev/null
+done
+rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+base=(-m "$model" -p "a cat" --steps 2 -s 1 -t 1 --no-cache)
+
+# an init image: the plain text-to-image run's output (128x128)
+"$easel" generate "${base[@]}" -W 128 -H 128 -o "$tmp/init.png" >/dev/null 2>"$tmp/init.log" || { echo "FAIL init image: $(tail -1 "$tmp/init.log")"; exit 1; }
+job=("${base[@]}" -i "$tmp/init.png" --strength 0.6)
+"$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain img2img: $(tail -1 "$tmp/plain.log")"; exit 1; }
+"$easel" generate "${job[@]}" --vae-tiling --vae-tile-size 4x4 -o "$tmp/plain-t4.png" >/dev/null 2>&1 || { echo "FAIL plain tiled img2img"; exit 1; }
+if cmp -s "$tmp/plain.png" "$tmp/plain-t4.png"; then
+  echo "FAIL the tiled run gives the untiled image: the tiled case would prove nothing"
+  exit 1
+fi
+
+# check_encode_peaks LOG CAP(MiB or -) NAME: every RPC row of the table printed after the image
+# encode: the measured peak within 10% of the prediction and not above CAP
+check_encode_peaks() {
+  local log="$1" cap="$2" name="$3" rows bad
+  rows=$(sed -n '/after the image encode/,/^$/p' "$log" | awk '$1 ~ /^RPC[01]/ && NF == 3 && $3 != "-" { print $1, $2, $3 }')
+  if [ -z "$rows" ]; then
+    echo "FAIL $name: no measured peak printed for an RPC device after the image encode"
+    return 1
+  fi
+  bad=$(printf '%s\n' "$rows" | awk -v cap="$cap" '{
+      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " $1;
+      else if (cap != "-" && $3 > cap) print "measured " $3 " MiB above the cap " cap " MiB on " $1 }')
+  if [ -n "$bad" ]; then
+    echo "FAIL $name: $bad"
+    return 1
+  fi
+  echo "ok   $name: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
+}
+
+# same_image NAME REFERENCE CAP FLAGS...: the img2img PNG equals REFERENCE, encode peaks checked
+same_image() {
+  local name="$1" ref="$2" cap="$3"
+  shift 3
+  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
+    echo "FAIL $name: $(grep error "$tmp/out.log" | head -1)"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! cmp -s "$ref" "$tmp/out.png"; then
+    echo "FAIL $name: image differs from the plain CPU img2img run"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! grep -q "stage encode-image: .*vae encoder parameters .*(placed on RPC" "$tmp/out.log"; then
+    echo "FAIL $name: the encode-image stage line does not name the RPC devices: $(grep 'stage encode-image' "$tmp/out.log")"
+    fails=$((fails + 1))
+    return
+  fi
+  check_encode_peaks "$tmp/out.log" "$cap" "$name" || fails=$((fails + 1))
+}
+
+# (te and diffusion on the CPU; only the vae entry moves)
+same_image "img2img, layer split vae=RPC0&RPC1" "$tmp/plain.png" - --backend "te=CPU,diffusion=CPU,vae=RPC0&RPC1"
+same_image "img2img, --params-backend vae=cpu (staged)" "$tmp/plain.png" - --backend "te=CPU,diffusion=CPU,vae=RPC0" --params-backend vae=cpu
+same_image "img2img, --params-backend vae=disk" "$tmp/plain.png" - --backend "te=CPU,diffusion=CPU,vae=RPC1" --params-backend vae=disk
+
+# a cap at 0.9 of the tiled encode's need with the weights in RAM: --max-vram segments per tile
+# (vae-encode row's total of `easel plan`)
+enc_need() { "$easel" plan "${job[@]}" $rpc "$@" 2>/dev/null | awk '$1 == "vae-encode" { print $(NF - 2); exit }'; }
+need=$(enc_need --backend "te=CPU,diffusion=CPU,vae=RPC0" --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4)
+if [ -z "$need" ]; then
+  echo "FAIL easel plan -i printed no vae-encode row"
+  fails=$((fails + 1))
+else
+  cap=$(awk -v n="$need" 'BEGIN { printf "%.3f", n * 0.9 }')
+  capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+  capped=(--backend "te=CPU,diffusion=CPU,vae=RPC0" --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4 --max-vram "RPC0=$capg")
+  segs=$("$easel" plan "${job[@]}" $rpc "${capped[@]}" 2>&1 | grep -o "VAE encoder .*: [0-9]* segment(s)" | grep -o "[0-9]* segment(s)")
+  if [ -n "$segs" ] && [ "${segs%% *}" -ge 2 ]; then
+    echo "ok   easel plan -i under RPC0=$cap MiB (the tiled encode needs $need MiB uncapped): vae-encode in $segs"
+  else
+    echo "FAIL easel plan -i under a cap: vae-encode '$segs', expected several segments"
+    fails=$((fails + 1))
+  fi
+  same_image "img2img tiled 4x4, weights in RAM, --max-vram RPC0=$cap MiB (segments)" "$tmp/plain-t4.png" "$cap" "${capped[@]}"
+fi
+
+# easel plan -i: the vae-encode rows and its stage column
+if "$easel" plan "${job[@]}" $rpc --backend "vae=RPC0&RPC1" >"$tmp/plan.log" 2>&1 &&
+  [ "$(grep -c "^vae-encode  *RPC[01] " "$tmp/plan.log")" -eq 2 ] && grep -q "VAE encoder .*: 2 segment(s)" "$tmp/plan.log" &&
+  grep -Eq "^device +te +diffusion +vae +vae-encode +peak" "$tmp/plan.log"; then
+  echo "ok   easel plan -i: vae-encode rows and stage column"
+else
+  echo "FAIL easel plan -i: $(tail -4 "$tmp/plan.log")"
+  fails=$((fails + 1))
+fi
+
+# easel encode-image under a layer split: the latent file of the CPU run
+"$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 --save-latent "$tmp/cpu.latent.safetensors" >/dev/null 2>&1
+if "$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 $rpc --backend "vae=RPC1&RPC0" \
+  --save-latent "$tmp/rpc.latent.safetensors" >"$tmp/enc.log" 2>&1 && cmp -s "$tmp/cpu.latent.safetensors" "$tmp/rpc.latent.safetensors"; then
+  check_encode_peaks "$tmp/enc.log" - "easel encode-image, layer split vae=RPC1&RPC0 (same latent file)" || fails=$((fails + 1))
+else
+  echo "FAIL easel encode-image under a layer split: $(grep -i error "$tmp/enc.log" | head -1) (or the latent differs)"
+  fails=$((fails + 1))
+fi
+
+[ "$fails" -eq 0 ] && echo "all VAE encoder placement checks passed" || echo "$fails VAE encoder placement checks failed"
+[ "$fails" -eq 0 ]
