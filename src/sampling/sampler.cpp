@@ -2,6 +2,7 @@
 #include "sampling/sampler.h"
 
 #include "core/error.h"
+#include "core/log.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 namespace easel::sampling {
 
@@ -143,6 +145,14 @@ Sampler::Sampler(SamplerKind kind, const Schedule& schedule, std::vector<int64_t
     st_.s_noise = s_noise;
     st_.rng = rng_.save();
     validate();
+    // Once per distinct message (a batch builds one sampler per image).
+    if (auto w = zsnr_step_warning(kind, st_.sigmas, flow); !w.empty()) {
+        static std::mutex mu;
+        static std::string last;
+        std::lock_guard<std::mutex> lock(mu);
+        if (w != last) log::warn("{}", w);
+        last = std::move(w);
+    }
 }
 
 Sampler::Sampler(SamplerState state) : st_(std::move(state)), rng_(Rng::restore(st_.rng)) { validate(); }
@@ -384,6 +394,28 @@ std::vector<float> Sampler::result() const {
         return out;
     }
     return st_.x;
+}
+
+std::string zsnr_step_warning(SamplerKind kind, std::span<const float> sigmas, bool flow) {
+    const bool heun_like = kind == SamplerKind::Heun || kind == SamplerKind::Dpm2;
+    if ((!heun_like && kind != SamplerKind::DpmPP2M) || flow || sigmas.size() < 2 || !(sigmas[0] >= 1000.0f)) return {};
+    const double limit = heun_like ? kZsnrMaxLogStepHeun : kZsnrMaxLogStep;
+    double worst = 0.0, at = 0.0;
+    for (size_t i = 0; i + 1 < sigmas.size(); ++i) {
+        const double s = sigmas[i], sn = sigmas[i + 1];
+        // heun's corrector evaluates D at sn: a step landing in the band counts even from above it
+        // (linspace's first step 4096 -> 38, corrector weight (s/sn - 1)/2 = 53); dpm2's midpoint and
+        // dpm++2m's history damp that (r = h_last/h is large after a long first step).
+        const bool in_band = kind == SamplerKind::Heun ? (s >= 3.0 && sn <= 100.0) : (s >= 3.0 && s <= 100.0);
+        if (!(sn > 0.0) || !in_band) continue;
+        const double h = std::log(s / sn);
+        if (h > worst) worst = h, at = s;
+    }
+    if (worst <= limit) return {};
+    return fmt::format("{} on this zero-terminal-SNR schedule (from sigma {:.0f}) takes a step of {:.2f} in log sigma at sigma "
+                       "{:.4g} (measured safe: <= {}): the image can end in noise, as it does in diffusers; use more steps{}",
+                       sampler_name(kind), sigmas[0], worst, at, limit,
+                       heun_like ? " or --sampling-method euler" : ", --scheduler discrete or --sampling-method euler");
 }
 
 std::vector<float> noise_latent(std::span<const float> x0, std::span<const float> noise, double sigma, bool flow) {

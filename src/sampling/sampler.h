@@ -106,6 +106,32 @@ private:
     std::vector<float> noise();
 };
 
+/// The step-size warning for second-order methods on zero-terminal-SNR ladders (tryout finding
+/// F19; evidence in tools/demo-model/README.md, "Second-order samplers at few steps"). heun and
+/// dpm2 correct an Euler step by the change of D(x; sigma) between two evaluations (heun weighs
+/// D(x2; sn) - D(x; s) by (e^h - 1)/2), dpm++2m extrapolates D from its history (weight 1/(2r)).
+/// On a zero-terminal-SNR model the guided D at sigma >= 100 is far from the final latent (the
+/// demo model at CFG 5: RMS 3.2 against 0.9) and moves to it between sigma ~60 and ~3; karras
+/// and exponential ladders from sigma 4096 cross that band in few, long steps (h = log(s/sn) up
+/// to 2.4), the correction overshoots and the image ends in noise. diffusers'
+/// DPMSolverMultistepScheduler and HeunDiscreteScheduler use the same formulas and do the same.
+/// Returns one line naming the method, its longest step in the band and what to use instead, or
+/// "" when: the method is not heun, dpm2 or dpm++2m; flow is true; sigmas[0] < 1000 (not a
+/// zero-terminal-SNR ladder: ordinary SD tables end at 14.6); or every step i with
+/// sigmas[i+1] > 0 and 3 <= sigmas[i] <= 100 (heun: any step with sigmas[i] >= 3 and
+/// 0 < sigmas[i+1] <= 100, since its corrector evaluates D at sigmas[i+1]) has h <= kZsnrMaxLogStep
+/// (dpm++2m) or kZsnrMaxLogStepHeun (heun, dpm2). sigmas: the schedule, descending, ending in 0
+/// (not validated).
+std::string zsnr_step_warning(SamplerKind kind, std::span<const float> sigmas, bool flow);
+/// Thresholds of zsnr_step_warning (longest log-sigma step in 3 <= sigma <= 100, nats), fitted to
+/// the demo model at CFG 5, --rng cpu (seeds 1, 2, 3, 42): dpm++2m karras 10/12/14 steps
+/// (longest 2.00/1.41/1.29) and exponential 6/10 (2.37/1.32) drew noise for some seeds, karras
+/// 16/20 (1.02/0.80) and DPMSolverMultistep linspace 10 (0.89) never; heun exponential 6/10/12
+/// (2.37/1.32/1.08), discrete 6/10/20 (first step 4096 -> 7.4/16/38: h 6.3/5.5/4.7), karras 10 and
+/// dpm2 karras 10/14 wrong, heun exponential 16/20 (0.79/0.62) and heun/dpm2 karras 20 (0.80) right.
+inline constexpr double kZsnrMaxLogStep = 1.15;
+inline constexpr double kZsnrMaxLogStepHeun = 0.85;
+
 /// Noises a clean latent to sigma: x0 + sigma*noise (variance exploding) or
 /// (1 - sigma)*x0 + sigma*noise (flow). x0 may be empty (a zero latent). Throws
 /// Error(InvalidInput) on a size mismatch.

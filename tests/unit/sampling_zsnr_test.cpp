@@ -9,6 +9,7 @@
 #include "sampling/sampler.h"
 #include "sampling/schedule.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -192,4 +193,70 @@ TEST(SamplingZsnrSchedule, EverySamplerCopesWithSigmaMax4096) {
     }
     std::printf("[ zsnr ] ddim_trailing from 4096: max |x - closed form| %.3g\n", err);
     EXPECT_LE(err, 2e-4);
+}
+
+// zsnr_step_warning (tryout F19): the combinations measured on the demo model (CFG 5, --rng cpu,
+// seeds 1, 2, 3, 42; tools/demo-model/README.md, "Second-order samplers at few steps") that drew
+// noise for some seed warn, those right for every seed tried do not, and no ordinary (sigma_max
+// 14.6) or flow schedule warns. The longest steps in 3 <= sigma <= 100 by hand from the ladders:
+// karras 10 steps 3.554 -> 0.4823 (h = 2.00); exponential 6 steps h = log(4096/0.02917)/5 = 2.37.
+TEST(SamplingZsnrSchedule, SecondOrderStepWarningAsMeasured) {
+    const auto ms = zsnr();
+    auto warns = [](SamplerKind k, const Schedule& s) { return !zsnr_step_warning(k, s.sigmas, false).empty(); };
+    // dpm++2m (easel runs it on diffusers' DPMSolverMultistep ladders for discrete/karras): karras
+    // 10/12/14 and exponential 6/10 drew noise for some seed; karras 16/20 and linspace 10 never.
+    for (int n : {10, 12, 14}) EXPECT_TRUE(warns(SamplerKind::DpmPP2M, diffusers_dpmsolver_schedule(ms, n, true))) << n;
+    for (int n : {16, 20}) EXPECT_FALSE(warns(SamplerKind::DpmPP2M, diffusers_dpmsolver_schedule(ms, n, true))) << n;
+    EXPECT_FALSE(warns(SamplerKind::DpmPP2M, diffusers_dpmsolver_schedule(ms, 10, false)));
+    for (int n : {6, 10}) EXPECT_TRUE(warns(SamplerKind::DpmPP2M, make_schedule(ms, SchedulerKind::Exponential, n))) << n;
+    // heun: exponential 6/10/12, discrete 6/10/20 (20: its first step 4096 -> 38.2 ends in the band),
+    // karras 10 wrong; exponential 16/20, karras 20 right.
+    // dpm2: karras 10/14 wrong, 20 right.
+    for (int n : {6, 10, 12}) EXPECT_TRUE(warns(SamplerKind::Heun, make_schedule(ms, SchedulerKind::Exponential, n))) << n;
+    for (int n : {16, 20}) EXPECT_FALSE(warns(SamplerKind::Heun, make_schedule(ms, SchedulerKind::Exponential, n))) << n;
+    for (int n : {6, 10, 20}) EXPECT_TRUE(warns(SamplerKind::Heun, make_schedule(ms, SchedulerKind::Discrete, n))) << n;
+    EXPECT_TRUE(warns(SamplerKind::Heun, make_schedule(ms, SchedulerKind::Karras, 10)));
+    EXPECT_FALSE(warns(SamplerKind::Heun, make_schedule(ms, SchedulerKind::Karras, 20)));
+    for (int n : {10, 14}) EXPECT_TRUE(warns(SamplerKind::Dpm2, make_schedule(ms, SchedulerKind::Karras, n))) << n;
+    EXPECT_FALSE(warns(SamplerKind::Dpm2, make_schedule(ms, SchedulerKind::Karras, 20)));
+    // The step counts docs/sampling.md quotes: dpm++2m warns below 16 karras / 12 exponential steps,
+    // heun and dpm2 below 20 karras / 15 exponential steps, heun below 48 linspace (discrete) steps.
+    auto first_quiet = [&](SamplerKind k, SchedulerKind sk) {  // one past the largest step count that warns
+        int last = 0;
+        for (int n = 1; n <= 60; ++n) {
+            const Schedule s = (k == SamplerKind::DpmPP2M && sk == SchedulerKind::Karras) ? diffusers_dpmsolver_schedule(ms, n, true)
+                                                                                       : make_schedule(ms, sk, n);
+            if (warns(k, s)) last = n;
+        }
+        return last + 1;
+    };
+    EXPECT_EQ(first_quiet(SamplerKind::DpmPP2M, SchedulerKind::Karras), 16);
+    EXPECT_EQ(first_quiet(SamplerKind::DpmPP2M, SchedulerKind::Exponential), 12);
+    EXPECT_EQ(first_quiet(SamplerKind::Heun, SchedulerKind::Karras), 20);
+    EXPECT_EQ(first_quiet(SamplerKind::Heun, SchedulerKind::Exponential), 15);
+    EXPECT_EQ(first_quiet(SamplerKind::Dpm2, SchedulerKind::Karras), 20);
+    EXPECT_EQ(first_quiet(SamplerKind::Heun, SchedulerKind::Discrete), 48);  // linspace: first step 4096 -> sigma(t = 999 - 999/(n-1))
+    // Euler (any ladder) and the other methods: never.
+    for (auto k : {SamplerKind::Euler, SamplerKind::EulerA, SamplerKind::Lcm, SamplerKind::DpmPP2SA})
+        for (auto sk : {SchedulerKind::Karras, SchedulerKind::Exponential})
+            EXPECT_FALSE(warns(k, make_schedule(ms, sk, 6))) << sampler_name(k);
+    // Ordinary SD table (sigma_max 14.6) and flow: never, even for heun exponential 6.
+    const auto sd = ModelSampling::discrete(Prediction::Eps);
+    EXPECT_FALSE(warns(SamplerKind::Heun, make_schedule(sd, SchedulerKind::Exponential, 6)));
+    EXPECT_FALSE(warns(SamplerKind::DpmPP2M, diffusers_dpmsolver_schedule(sd, 10, true)));
+    const auto fl = ModelSampling::flow(3.0);
+    EXPECT_TRUE(zsnr_step_warning(SamplerKind::Heun, make_schedule(fl, SchedulerKind::Discrete, 4).sigmas, true).empty());
+    // The text names the method, the step and where it is, and what to use.
+    const auto k10 = diffusers_dpmsolver_schedule(ms, 10, true);
+    const std::string w = zsnr_step_warning(SamplerKind::DpmPP2M, k10.sigmas, false);
+    const double h = std::log(double(k10.sigmas[7]) / k10.sigmas[8]);
+    EXPECT_NEAR(h, 2.00, 0.005);
+    EXPECT_NE(w.find("dpm++2m"), std::string::npos) << w;
+    EXPECT_NE(w.find(fmt::format("step of {:.2f}", h)), std::string::npos) << w;
+    EXPECT_NE(w.find("at sigma 3.554 "), std::string::npos) << w;
+    EXPECT_NE(w.find("--scheduler discrete"), std::string::npos) << w;
+    const auto e6 = make_schedule(ms, SchedulerKind::Exponential, 6);
+    const std::string we = zsnr_step_warning(SamplerKind::Heun, e6.sigmas, false);
+    EXPECT_NE(we.find(fmt::format("step of {:.2f}", std::log(double(ms.sigma_max()) / ms.sigma_min()) / 5)), std::string::npos) << we;
+    EXPECT_EQ(we.find("--scheduler discrete"), std::string::npos) << we;  // heun is wrong on discrete too
 }
