@@ -6,6 +6,7 @@
 #include "core/strings.h"
 #include "io/diffusers.h"
 #include "text/prompt_syntax.h"
+#include "placement/taesd.h"
 
 #include <cmath>
 #include <filesystem>
@@ -621,7 +622,23 @@ vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae
     ex.flash_attn = opt_.flash_attn_te;
     ex.n_threads = opt_.threads;
     ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
-    if (taesd_) return taesd_->decode(latent, ex);
+    if (taesd_) {
+        if (!opt_.placement) return taesd_->decode(latent, ex);
+        // under placement flags: TAESD runs whole on the vae entry's first device; its plan (the
+        // vae row) and measured peak (parameter buffer + compute buffer) join the plans printed
+        const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+        const placement::PlacementSpec ts = placement::taesd_spec(*opt_.placement);
+        placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
+                                                            placement::taesd_decoder_costs(*taesd_idx_, latent.h, latent.w), budgets);
+        size_t compute = 0;
+        ex.compute_bytes = &compute;
+        vae::HostTensor img = taesd_->decode(latent, ex);
+        vae_dec_compute_ = std::max(vae_dec_compute_, compute);
+        const std::string dev = ts[placement::PModule::Vae].devices.front();
+        vae_plans_done_ = {std::move(plan)};
+        vae_peaks_done_[dev] = std::max<uint64_t>(vae_peaks_done_[dev], placement::taesd_measured_peak(taesd_->decoder_param_bytes(), compute));
+        return img;
+    }
     vae::HostTensor z = latent;
     for (auto& v : z.data) v /= scaling_factor_;
     if (placed_vae_) return placed_vae_->decode(z, tiling);
@@ -676,6 +693,10 @@ std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, 
     // vae: the AutoencoderKL decoder (the VAE flash attention follows --fa, as decode() runs it)
     if (kl_ && kl_->has_decoder && taesd_path_.empty())
         out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, opt_.flash_attn_te, h, w, planned_tiling()));
+    if (!taesd_path_.empty()) {  // --taesd: the TAESD decoder is the vae module (run whole, untiled)
+        auto ti = open_index(taesd_path_, "--taesd");
+        out.push_back(placement::taesd_decoder_costs(*ti, h, w));
+    }
     return out;
 }
 
@@ -697,7 +718,10 @@ vae::TilingOptions StableDiffusion::planned_tiling() const {
 std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
     const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
+    std::optional<std::string> taesd_warning;
+    const placement::PlacementSpec spec = taesd_path_.empty() ? *opt_.placement : placement::taesd_spec(*opt_.placement, &taesd_warning);
+    if (taesd_warning) log::warn("{}", *taesd_warning);
+    auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
     // the encode stage (img2img / in-painting): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
         const int64_t m = size_multiple();

@@ -123,6 +123,8 @@ public:
     int spatial_factor() const;
     const TaesdSequential* encoder() const { return encoder_.get(); }
     const TaesdSequential* decoder() const { return decoder_.get(); }
+    /// Bytes of the decoder's parameter buffer (0 without a decoder).
+    uint64_t decoder_param_bytes() const { return dec_params_.size(); }
 
     /// image [N, 3, H, W] in [-1, 1] -> raw latents [N, L, H/f, W/f]. H, W multiples of f.
     HostTensor encode(const HostTensor& image, const ExecOptions& ex = {}) const;

@@ -1,0 +1,113 @@
+#!/bin/bash
+# TAESD (--taesd) under placement flags, end to end with the demo SD model and two
+# `easel rpc-server`s on 127.0.0.1 (ports 50000-50099): with --backend vae=RPC0 the TAESD decoder
+# is the plan's vae row (TAESD label, on RPC0), the decode's PNG equals the plain CPU run's, and
+# the peak printed on RPC0 after the decode is within 10% of the prediction; with
+# --backend "vae=RPC0&RPC1" one warning line says TAESD runs whole on RPC0, the PNG is the same,
+# and `easel plan` shows a single vae row on RPC0.
+# Usage: placement_taesd.sh EASEL_BINARY TEST_DATA_DIR
+set -u
+easel="$1"
+data="$2"
+src="$(cd "$(dirname "$0")/../.." && pwd)"
+model="$src/models/demo/easel-demo-shapes.safetensors"
+taesd="$data/reference/autoencoder_tiny_taesd_tiny.safetensors"
+source "$(dirname "$0")/lib/rpc.bash"  # _rpc_pair_cleanup
+# two rpc-servers on ports 50000-50099 (another pair of the range when a port is taken)
+tmp=$(mktemp -d)
+pids=()
+trap _rpc_pair_cleanup EXIT
+fails=0
+for attempt in 0 1 2 3 4 5 6 7; do
+  port0=$((50000 + (($$ + attempt * 7) % 50) * 2))
+  port1=$((port0 + 1))
+  "$easel" rpc-server --port "$port0" --device CPU --threads 1 >"$tmp/rpc-$port0.log" 2>&1 &
+  p0=$!
+  "$easel" rpc-server --port "$port1" --device CPU --threads 1 >"$tmp/rpc-$port1.log" 2>&1 &
+  p1=$!
+  up=0
+  for i in $(seq 300); do
+    if (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null; then up=1; break; fi
+    kill -0 "$p0" 2>/dev/null && kill -0 "$p1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ "$up" = 1 ]; then pids+=("$p0" "$p1"); break; fi
+  kill "$p0" "$p1" 2>/dev/null
+  wait "$p0" "$p1" 2>/dev/null
+done
+rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+job=(-m "$model" --taesd "$taesd" -p "a cat" --steps 2 -s 1 -t 1 --no-cache -W 128 -H 128)
+
+"$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain CPU run: $(tail -1 "$tmp/plain.log")"; exit 1; }
+# the full VAE's image differs: a TAESD run that silently used the AutoencoderKL would fail
+"$easel" generate "${job[@]:0:2}" "${job[@]:4}" -o "$tmp/kl.png" >/dev/null 2>&1 || { echo "FAIL plain AutoencoderKL run"; exit 1; }
+if cmp -s "$tmp/plain.png" "$tmp/kl.png"; then
+  echo "FAIL the TAESD run gives the AutoencoderKL's image: the checks would prove nothing"
+  exit 1
+fi
+
+# check_decode_peak LOG NAME: the RPC0 row printed after the decode: measured within 10% of the prediction
+check_decode_peak() {
+  local log="$1" name="$2" row bad
+  row=$(sed -n '/after the decode/,/^$/p' "$log" | awk '$1 == "RPC0" && NF == 3 && $3 != "-" { print $1, $2, $3 }')
+  if [ -z "$row" ]; then
+    echo "FAIL $name: no measured peak printed for RPC0 after the decode"
+    return 1
+  fi
+  bad=$(printf '%s\n' "$row" | awk '{ if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB" }')
+  if [ -n "$bad" ]; then
+    echo "FAIL $name: $bad"
+    return 1
+  fi
+  echo "ok   $name: same PNG, RPC0 measured/predicted $(printf '%s\n' "$row" | awk '{ print $3 "/" $2 }') MiB"
+}
+
+# taesd_run NAME WARN(yes|no) FLAGS...
+taesd_run() {
+  local name="$1" want_warn="$2"
+  shift 2
+  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
+    echo "FAIL $name: $(grep -i error "$tmp/out.log" | head -1)"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! cmp -s "$tmp/plain.png" "$tmp/out.png"; then
+    echo "FAIL $name: image differs from the plain CPU run"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! grep -Eq "^vae +RPC0 " "$tmp/out.log" || ! grep -q "TAESD decoder .*: 1 segment(s)" "$tmp/out.log"; then
+    echo "FAIL $name: the plan table has no TAESD vae row on RPC0"
+    fails=$((fails + 1))
+    return
+  fi
+  if ! grep -q "stage decode: .*(placed on RPC0)" "$tmp/out.log"; then
+    echo "FAIL $name: the decode stage line does not name RPC0: $(grep 'stage decode' "$tmp/out.log")"
+    fails=$((fails + 1))
+    return
+  fi
+  local nwarn
+  nwarn=$(grep -c "TAESD runs whole on RPC0: it is too small to split" "$tmp/out.log")
+  if { [ "$want_warn" = yes ] && [ "$nwarn" -ne 1 ]; } || { [ "$want_warn" = no ] && [ "$nwarn" -ne 0 ]; }; then
+    echo "FAIL $name: $nwarn 'TAESD runs whole on RPC0' warning line(s), expected $([ "$want_warn" = yes ] && echo 1 || echo 0)"
+    fails=$((fails + 1))
+    return
+  fi
+  check_decode_peak "$tmp/out.log" "$name" || fails=$((fails + 1))
+}
+
+taesd_run "--taesd, --backend vae=RPC0" no --backend vae=RPC0
+taesd_run "--taesd, --backend vae=RPC0&RPC1 (warned, runs whole on RPC0)" yes --backend "vae=RPC0&RPC1"
+
+# easel plan: one vae row, on RPC0, labelled TAESD, and the warning
+if "$easel" plan "${job[@]}" $rpc --backend "vae=RPC0&RPC1" >"$tmp/plan.log" 2>&1 &&
+  [ "$(grep -Ec "^vae +RPC" "$tmp/plan.log")" -eq 1 ] && grep -Eq "^vae +RPC0 " "$tmp/plan.log" &&
+  grep -q "TAESD decoder" "$tmp/plan.log" && grep -q "TAESD runs whole on RPC0: it is too small to split" "$tmp/plan.log"; then
+  echo "ok   easel plan --taesd: one TAESD vae row on RPC0 and the warning"
+else
+  echo "FAIL easel plan --taesd: $(grep -E "^vae|TAESD|error" "$tmp/plan.log" | head -3)"
+  fails=$((fails + 1))
+fi
+
+[ "$fails" -eq 0 ] && echo "all TAESD placement checks passed" || echo "$fails TAESD placement checks failed"
+[ "$fails" -eq 0 ]
