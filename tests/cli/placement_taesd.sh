@@ -4,7 +4,8 @@
 # is the plan's vae row (TAESD label, on RPC0), the decode's PNG equals the plain CPU run's, and
 # the peak printed on RPC0 after the decode is within 10% of the prediction; with
 # --backend "vae=RPC0&RPC1" one warning line says TAESD runs whole on RPC0, the PNG is the same,
-# and `easel plan` shows a single vae row on RPC0.
+# and `easel plan` shows a single vae row on RPC0; FLUX.2 Klein (tests/data/reference/klein_tiny)
+# with the TAEF2 decoder under "vae=RPC0&RPC1": the same.
 # Usage: placement_taesd.sh EASEL_BINARY TEST_DATA_DIR
 set -u
 easel="$1"
@@ -71,7 +72,7 @@ taesd_run() {
     fails=$((fails + 1))
     return
   fi
-  if ! cmp -s "$tmp/plain.png" "$tmp/out.png"; then
+  if ! cmp -s "$ref" "$tmp/out.png"; then
     echo "FAIL $name: image differs from the plain CPU run"
     fails=$((fails + 1))
     return
@@ -96,6 +97,7 @@ taesd_run() {
   check_decode_peak "$tmp/out.log" "$name" || fails=$((fails + 1))
 }
 
+ref="$tmp/plain.png"
 taesd_run "--taesd, --backend vae=RPC0" no --backend vae=RPC0
 taesd_run "--taesd, --backend vae=RPC0&RPC1 (warned, runs whole on RPC0)" yes --backend "vae=RPC0&RPC1"
 
@@ -106,6 +108,17 @@ if "$easel" plan "${job[@]}" $rpc --backend "vae=RPC0&RPC1" >"$tmp/plan.log" 2>&
   echo "ok   easel plan --taesd: one TAESD vae row on RPC0 and the warning"
 else
   echo "FAIL easel plan --taesd: $(grep -E "^vae|TAESD|error" "$tmp/plan.log" | head -3)"
+  fails=$((fails + 1))
+fi
+
+# FLUX.2 Klein with the TAEF2 decoder (32-channel latent 2h x 2w): the same checks under a layer-split list
+job=(-m "$data/reference/klein_tiny/diffusers" --taesd "$data/reference/autoencoder_tiny_taef2_decoder.safetensors"
+  -p "a red cat" -W 64 -H 48 --steps 2 -s 1 -t 1 --no-cache)
+if "$easel" generate "${job[@]}" -o "$tmp/klein.png" >/dev/null 2>"$tmp/klein.log"; then
+  ref="$tmp/klein.png"
+  taesd_run "FLUX.2 Klein --taesd TAEF2, --backend vae=RPC0&RPC1 (warned, runs whole on RPC0)" yes --backend "vae=RPC0&RPC1"
+else
+  echo "FAIL plain FLUX.2 Klein TAEF2 run: $(tail -1 "$tmp/klein.log")"
   fails=$((fails + 1))
 fi
 

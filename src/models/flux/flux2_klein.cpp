@@ -9,6 +9,7 @@
 #include "models/model_files.h"
 #include "models/qwen3/qwen3_row_split.h"
 #include "placement/placed_sequence.h"
+#include "placement/taesd.h"
 #include "text/qwen_tokenizer.h"
 
 #include <algorithm>
@@ -845,7 +846,21 @@ vae::HostTensor Flux2Klein::decode(const vae::HostTensor& latent, const vae::Til
     ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = flux2_diffusion_to_vae(latent, stats_);
     if (taesd_) {
-        return taesd_->decode(z, ex);
+        if (!opt_.placement) return taesd_->decode(z, ex);
+        // under placement flags: TAEF2 runs whole on the vae entry's first device; its plan (the
+        // vae row) and measured peak (parameter buffer + compute buffer) join the plans printed
+        const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+        const placement::PlacementSpec ts = placement::taesd_spec(*opt_.placement);
+        placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
+                                                            placement::taesd_decoder_costs(*taesd_idx_, z.h, z.w), budgets);
+        size_t compute = 0;
+        ex.compute_bytes = &compute;
+        vae::HostTensor img = taesd_->decode(z, ex);
+        vae_dec_compute_ = std::max(vae_dec_compute_, compute);
+        const std::string dev = ts[placement::PModule::Vae].devices.front();
+        vae_plans_done_ = {std::move(plan)};
+        vae_peaks_done_[dev] = std::max<uint64_t>(vae_peaks_done_[dev], placement::taesd_measured_peak(taesd_->decoder_param_bytes(), compute));
+        return img;
     }
     if (placed_vae_) return placed_vae_->decode(z, tiling);
     return vae_dec_->decode(z, tiling, ex);
@@ -943,6 +958,10 @@ std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64
     // sampler's latent is 2x2-patchified, so the VAE's is 2h x 2w
     if (taesd_path_.empty() && kl_ && kl_->has_decoder)
         out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, 2 * h, 2 * w, planned_tiling()));
+    if (!taesd_path_.empty()) {  // --taesd: the TAEF2 decoder is the vae module (run whole, untiled), same 2h x 2w latent
+        auto ti = open_index(taesd_path_, "--taesd");
+        out.push_back(placement::taesd_decoder_costs(*ti, 2 * h, 2 * w));
+    }
     return out;
 }
 
@@ -981,7 +1000,10 @@ std::pair<int64_t, int64_t> klein_reference_size(int64_t H, int64_t W, int multi
 std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
     const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
+    std::optional<std::string> taesd_warning;
+    const placement::PlacementSpec spec = taesd_path_.empty() ? *opt_.placement : placement::taesd_spec(*opt_.placement, &taesd_warning);
+    if (taesd_warning) log::warn("{}", *taesd_warning);
+    auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
     // the encode stage (img2img, reference images): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty())) {
         const int64_t m = latent_format().spatial_factor;
