@@ -6,7 +6,8 @@
 # uploaded per tile) each give the PNG of the plain CPU img2img run (-i, the same --vae-tiling);
 # the peaks printed after the image encode are within 10% of the prediction (and under the cap)
 # on each RPC device; `easel plan -i` shows the encode stage (vae-encode rows and stage column);
-# `easel encode-image` under a layer split writes the CPU run's latent file.
+# `easel encode-image` under a layer split writes the CPU run's latent file; Z-Image img2img under
+# --backend "vae=RPC0&RPC1" gives the CPU run's PNG, encode and decode peaks within 10%.
 # Usage: placement_vae_encode.sh EASEL_BINARY TEST_DATA_DIR
 set -u
 easel="$1"
@@ -134,6 +135,26 @@ if "$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 $rpc --backend "vae
   check_encode_peaks "$tmp/enc.log" - "easel encode-image, layer split vae=RPC1&RPC0 (same latent file)" || fails=$((fails + 1))
 else
   echo "FAIL easel encode-image under a layer split: $(grep -i error "$tmp/enc.log" | head -1) (or the latent differs)"
+  fails=$((fails + 1))
+fi
+
+# Z-Image (tests/data/reference/zimage_tiny, 16-channel FLUX-style VAE): img2img under a layer
+# split of the vae entry gives the CPU run's PNG; the peaks after the image encode and after the
+# decode are within 10% of the prediction on both RPC devices
+job=(-m "$data/reference/zimage_tiny/diffusers" -p "a red cat" -W 64 -H 64 --steps 2 -s 1 -t 1 --no-cache
+  -i "$data/reference/zimage_tiny/img2img_init.png" --strength 0.6)
+if "$easel" generate "${job[@]}" -o "$tmp/zplain.png" >/dev/null 2>"$tmp/zplain.log"; then
+  same_image "Z-Image img2img, layer split vae=RPC0&RPC1" "$tmp/zplain.png" - --backend "vae=RPC0&RPC1"
+  rows=$(sed -n '/after the decode/,/^$/p' "$tmp/out.log" | awk '$1 ~ /^RPC[01]/ && NF == 3 && $3 != "-" { print $1, $2, $3 }')
+  bad=$(printf '%s\n' "$rows" | awk 'NF == 3 && ($3 > $2 * 1.10 || $3 < $2 * 0.90) { print "measured " $3 " MiB vs predicted " $2 " MiB on " $1 }')
+  if [ "$(printf '%s\n' "$rows" | grep -c "^RPC")" -ne 2 ] || [ -n "$bad" ]; then
+    echo "FAIL Z-Image img2img decode peaks: ${bad:-expected RPC0 and RPC1 rows after the decode, got '$rows'}"
+    fails=$((fails + 1))
+  else
+    echo "ok   Z-Image img2img decode peaks: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
+  fi
+else
+  echo "FAIL plain Z-Image img2img run: $(tail -1 "$tmp/zplain.log")"
   fails=$((fails + 1))
 fi
 
