@@ -14,7 +14,7 @@
 # docs/placement.md "Tests"): the tiled VAE decode on a one-thread rpc-server, above all at
 # 2048 px (a 256 x 256 latent: tiles of 128 latent cells, each a 1024 x 1024 px decode whose
 # mid-block attention spans 16384 tokens). With the default tile overlap of 0.5 that decode runs
-# 3 x 3 = 9 tiles (2.25 x the pixels); the 1024 and 2048 px points use overlap 0 (2 x 2 tiles:
+# 4 x 4 tiles (the last cut to half: 3.06 x the pixels); the 512 to 2048 px points use overlap 0 (2 x 2 tiles:
 # the pixels once), which changes neither the tile size the plan chooses nor any buffer, only the
 # number of tiles (and the seams, which this test does not look at). One thread everywhere (-t 1,
 # as the rpc-servers): ggml's CPU results do not depend on it, and two spinning threads per
@@ -27,11 +27,12 @@ model="$data/reference/zimage_tiny/diffusers"
 source "$(dirname "$0")/lib/rpc.bash"
 start_rpc_pair 62000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
-points="${AUTOFIT_SWEEP_POINTS:-256:0.6 256:0.3 512:0.3 1024:0.3:0 2048:0.3:0}"
+points="${AUTOFIT_SWEEP_POINTS:-256:0.6 256:0.3 512:0.3:0 1024:0.3:0 2048:0.3:0}"
 compare_max="${AUTOFIT_SWEEP_COMPARE_MAX:-256}"
 
 # check_peaks LOG CAP NAME: every "RPCn predicted measured" row (MiB, printed to 0.1) within 10%
-# of the prediction and not above CAP (MiB) by more than the printing's rounding
+# of the prediction (or within the printing's 0.1 MiB, for rows of a few tenths of a MiB) and not
+# above CAP (MiB) by more than the printing's rounding
 check_peaks() {
   local log="$1" cap="$2" name="$3" rows bad
   rows=$(awk '$1 ~ /^RPC[01]/ && NF == 3 && $2 ~ /^[0-9.]+$/ && $3 ~ /^[0-9.]+$/ { print $1, $2, $3 }' "$log")
@@ -40,7 +41,8 @@ check_peaks() {
     return 1
   fi
   bad=$(printf '%s\n' "$rows" | awk -v cap="$cap" '{
-      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " substr($1, 1, 4);
+      d = $3 - $2; if (d < 0) d = -d
+      if (d > $2 * 0.10 && d > 0.1 + 1e-9) print "measured " $3 " MiB vs predicted " $2 " MiB on " substr($1, 1, 4);
       else if ($3 > cap + 0.05) print "measured " $3 " MiB above the cap " cap " MiB on " substr($1, 1, 4) }')
   if [ -n "$bad" ]; then
     echo "FAIL $name: $bad"
