@@ -36,7 +36,7 @@ const std::filesystem::path kVae = kRef / "autoencoder_kl_sd_tiny.safetensors";
 const std::string kSdTiny = (kRef / "sd_tiny" / "sd_tiny.safetensors").string();
 
 easel::test_support::RpcServers& rpc() {
-    static easel::test_support::RpcServers r(2, 55000);
+    static easel::test_support::RpcServers r(2, 63000);
     return r;
 }
 
