@@ -1,6 +1,6 @@
 // The AutoencoderKL encoder as a typed block sequence (vae::KLEncoderSequence) run under a
 // placement plan (placement/vae_encoder.h): on the CPU and over two `easel rpc-server`s on
-// 127.0.0.1 (ports 65000-65799), layer split (--backend "vae=A&B"), weights in RAM
+// 127.0.0.1 (ports 63000-63801), layer split (--backend "vae=A&B"), weights in RAM
 // (--params-backend vae=cpu), from disk (vae=disk), a --max-vram cap that cuts the encoder into
 // per-evaluation segments, and tiled encode (each tile one run of the sequence): the moments are
 // bitwise those of the unplaced CPU encoder (the same ggml ops on the same CPU; the state crosses
