@@ -224,6 +224,15 @@ public:
     /// The plans in use and the measured peak bytes per device since loading (empty when none).
     virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
     virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
+
+    /// Leaves the text encoders out of placement_costs (and so of plan_placement and the
+    /// pre-run memory check): set when the job's conditioning comes from the cache or
+    /// --load-embeddings, whose contract is that the text encoder's files are never opened.
+    void set_costs_skip_te(bool skip) { costs_skip_te_ = skip; }
+    bool costs_skip_te() const { return costs_skip_te_; }
+
+protected:
+    bool costs_skip_te_ = false;
 };
 
 /// Detects the family from the files (headers only: no weights are read) and returns it with no

@@ -382,6 +382,17 @@ void check_memory(models::Family& fam, const Setup& s, int W, int H) {
     });
 }
 
+/// The cache key of a job's prompt conditioning: the text encoders' file identities (path, size,
+/// mtime; nothing is read from them), the prompts, clip skip, CFG on/off, weight type, flash
+/// attention and device.
+std::string conditioning_key(models::Family& fam, const Setup& s, bool need_negative) {
+    const GenerateParams& p = s.p;
+    const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
+    return cache_key({"conditioning", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()),
+                      file_identity(fam.module_files(Module::Te)), p.prompt, p.negative_prompt, std::to_string(clip_skip),
+                      need_negative ? "neg" : "noneg", p.weight_type, p.flash_attn ? "fa" : "", device_name(s.device)});
+}
+
 /// The conditioning of a job: --load-embeddings, else the cache, else the text encoder.
 PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool need_negative, ArtifactCache* cache,
                                        GenerateReport* rep) {
@@ -401,10 +412,7 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     }
     std::string key;
     if (cache) {
-        const auto te_files = fam.module_files(Module::Te);
-        key = cache_key({"conditioning", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()), file_identity(te_files),
-                         p.prompt, p.negative_prompt, std::to_string(clip_skip), need_negative ? "neg" : "noneg", p.weight_type,
-                         p.flash_attn ? "fa" : "", device_name(s.device)});
+        key = conditioning_key(fam, s, need_negative);
         if (auto a = cache->get(ArtifactKind::Conditioning, key)) {
             try {
                 PromptConditioning c = conditioning_from_artifact(*a, cache->path(ArtifactKind::Conditioning, key).string());
@@ -737,15 +745,19 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     }
     rep.width = W;
     rep.height = H;
-    check_memory(*fam, s, W, H);
     const int64_t h = H / f, w = W / f;
 
     auto cache = open_cache(p);
     ArtifactCache* cachep = cache ? &*cache : nullptr;
+    const bool cfg = p.cfg_scale != 1.0f;
+    // conditioning from --load-embeddings or the cache never opens the text encoder, not even
+    // for the memory check's headers
+    if (!p.load_embeddings.empty() || (cachep && cachep->get(ArtifactKind::Conditioning, conditioning_key(*fam, s, cfg))))
+        fam->set_costs_skip_te(true);
+    check_memory(*fam, s, W, H);
 
     // Stage 1: prompts.
     t0 = Clock::now();
-    const bool cfg = p.cfg_scale != 1.0f;
     PromptConditioning cond = obtain_conditioning(*fam, s, cfg, cachep, &rep);
     rep.te_s = since(t0);
     if (!p.save_embeddings.empty()) write_artifact(p.save_embeddings, conditioning_artifact(cond));

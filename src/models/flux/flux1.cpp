@@ -728,7 +728,7 @@ std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w)
     if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
         fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
     const int64_t L = kFlux1T5Tokens;
-    if (!t5_path_.empty()) {  // T5 at 512 tokens
+    if (!t5_path_.empty() && !costs_skip_te()) {  // T5 at 512 tokens
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<T5Model> model;
@@ -746,7 +746,7 @@ std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w)
             placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, t5_inputs(L, k->ids, k->buckets),
             t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L), t5::t5_row_split_rules(*m.net)));
     }
-    if (!clip_path_.empty()) {  // CLIP-L: one 77-token window
+    if (!clip_path_.empty() && !costs_skip_te()) {  // CLIP-L: one 77-token window
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<ClipModel> model;
@@ -810,9 +810,7 @@ std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
     auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
     // the encode stage (img2img): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
-        const int64_t m = size_multiple();
-        std::vector<std::pair<int64_t, int64_t>> sizes;
-        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
         for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
             plans.push_back(std::move(p));
     }

@@ -916,7 +916,7 @@ std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64
     std::vector<placement::ModuleCosts> out;
     if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "latent size {}x{} must be positive", w, h);
     const int64_t Lt = kKleinPromptTokens;
-    if (!te_path_.empty()) {  // te: Qwen3 of 27 layers at 512 tokens with the padding mask
+    if (!te_path_.empty() && !costs_skip_te()) {  // te: Qwen3 of 27 layers at 512 tokens with the padding mask
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<TeModel> model;
@@ -1007,8 +1007,7 @@ std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t
     // the encode stage (img2img, reference images): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty())) {
         const int64_t m = latent_format().spatial_factor;
-        std::vector<std::pair<int64_t, int64_t>> sizes;
-        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, m);
         for (auto [H, W] : opt_.reference_sizes)
             if (auto r = klein_reference_size(H, W, (int)m); r.first > 0 && r.second > 0) sizes.push_back(r);
         for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))

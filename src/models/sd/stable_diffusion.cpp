@@ -657,7 +657,7 @@ vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae:
 
 std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, int64_t w) {
     std::vector<placement::ModuleCosts> out;
-    if (!te_path_.empty()) {  // te: one 77-token window, the default clip skip (none when no file has one)
+    if (!te_path_.empty() && !costs_skip_te()) {  // te: one 77-token window, the default clip skip (none when no file has one)
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             clip::ClipKeys keys;
@@ -724,9 +724,7 @@ std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, in
     auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
     // the encode stage (img2img / in-painting): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
-        const int64_t m = size_multiple();
-        std::vector<std::pair<int64_t, int64_t>> sizes;
-        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
         for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, opt_.flash_attn_te, sizes, planned_tiling()))
             plans.push_back(std::move(p));
     }

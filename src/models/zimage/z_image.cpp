@@ -568,7 +568,7 @@ vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOp
 std::vector<placement::ModuleCosts> ZImage::placement_costs(int64_t h, int64_t w) {
     std::vector<placement::ModuleCosts> out;
     const int64_t L = kMaxPromptTokens;
-    if (!te_path_.empty()) {  // te: Qwen3 without its last layer, 512 tokens (none when no --llm / folder te)
+    if (!te_path_.empty() && !costs_skip_te()) {  // te: Qwen3 without its last layer, 512 tokens (none when no --llm / folder te)
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<TeModel> model;
@@ -644,9 +644,7 @@ std::vector<placement::ModulePlan> ZImage::plan_placement(int64_t h, int64_t w) 
     auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
     // the encode stage (img2img): the VAE encoder under the vae entry
     if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
-        const int64_t m = size_multiple();
-        std::vector<std::pair<int64_t, int64_t>> sizes;
-        for (auto [H, W] : opt_.vae_encode_sizes) sizes.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+        const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
         for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
             plans.push_back(std::move(p));
     }
