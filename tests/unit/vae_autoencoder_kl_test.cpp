@@ -6,6 +6,7 @@
 #include "models/vae/latent_format.h"
 #include "models/vae/tiling.h"
 
+#include <unistd.h>
 #include <ggml-backend.h>
 #include <ggml-cpu.h>
 #include "placement/devices.h"
@@ -76,7 +77,9 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StTe
 // The fixture's weights without its __input__/__output__ tensors (a plain VAE file), written
 // once per test run to a temporary file.
 std::filesystem::path weights_only(const std::string& name) {
-    auto out = std::filesystem::temp_directory_path() / ("easel_vae_weights_" + name);
+    // one file per process: ctest runs this file's tests in parallel processes, and rewriting a
+    // file another process has mapped ends that process with SIGBUS
+    auto out = std::filesystem::temp_directory_path() / ("easel_vae_weights_" + std::to_string(::getpid()) + "_" + name);
     auto idx = io::WeightIndex::open(ref(name));
     std::vector<StTensor> ts;
     for (const auto& t : idx.tensors())
