@@ -40,23 +40,28 @@ void add_common_options(CLI::App& app, CommonOptions& o);
 /// Applies them (log level, colour, RPC registration). Throws easel::Error.
 void apply_common_options(const CommonOptions& o);
 
+/// A CLI11 validator refusing an integer option value above `limit` with the message
+/// "VALUE<above>LIMIT<fix>" (also a value too large for long long); values that are not integers
+/// are left to CLI11's conversion error. `name` is the validator's name in CLI11's help.
+inline CLI::Validator max_integer_check(long long limit, std::string above, std::string fix, std::string name) {
+    return CLI::Validator(
+        [limit, above, fix](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            long long v = std::strtoll(s.c_str(), &end, 10);
+            if (end == s.c_str() || *end != '\0') return {};
+            if (errno == ERANGE || v > limit) return s + above + std::to_string(limit) + fix;
+            return {};
+        },
+        "", std::move(name));
+}
+
 /// CLI11 check of -t/--threads (generate, the stage commands, plan, rpc-server): refuses a
 /// count above GGML_MAX_N_THREADS (ggml.h, 512), the size of ggml's fixed per-threadpool arrays;
 /// above it ggml_graph_compute segfaults (100000) or hangs (4096). Runs at parse time, before any
 /// model is opened. Values that are not integers are left to CLI11's conversion error.
 inline CLI::Validator max_threads_check() {
-    return CLI::Validator(
-        [](std::string& s) -> std::string {
-            errno = 0;
-            char* end = nullptr;
-            long long v = std::strtoll(s.c_str(), &end, 10);
-            if (end == s.c_str() || *end != '\0') return {};
-            if (errno == ERANGE || v > GGML_MAX_N_THREADS)
-                return s + " is above ggml's maximum of " + std::to_string(GGML_MAX_N_THREADS) +
-                       ": pass at most the number of CPU threads";
-            return {};
-        },
-        "", "max threads");
+    return max_integer_check(GGML_MAX_N_THREADS, " is above ggml's maximum of ", ": pass at most the number of CPU threads", "max threads");
 }
 
 }  // namespace easel::cli

@@ -18,18 +18,8 @@ inline constexpr long long kMaxImageSide = 16384;
 /// 1000000 would otherwise reach the memory check or a host allocation. Values that are not
 /// integers are left to CLI11's conversion error; <= 0 to generate's "must be positive".
 inline CLI::Validator max_side_check() {
-    return CLI::Validator(
-        [](std::string& s) -> std::string {
-            errno = 0;
-            char* end = nullptr;
-            long long v = std::strtoll(s.c_str(), &end, 10);
-            if (end == s.c_str() || *end != '\0') return {};
-            if (errno == ERANGE || v > kMaxImageSide)
-                return s + " pixels is above the maximum of " + std::to_string(kMaxImageSide) +
-                       ": pass a smaller size (--vae-tiling lowers the decode's memory)";
-            return {};
-        },
-        "", "max image side");
+    return max_integer_check(kMaxImageSide, " pixels is above the maximum of ", ": pass a smaller size (--vae-tiling lowers the decode's memory)",
+                             "max image side");
 }
 
 /// Adds every generation option to `app`, bound to `p`. Flag names and defaults follow

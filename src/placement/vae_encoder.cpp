@@ -71,6 +71,13 @@ ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash
                                                                               encoder_label(seq, C, 1, gh, gw) + suffix);
 }
 
+std::vector<std::pair<int64_t, int64_t>> encode_sizes_at(const std::vector<std::pair<int64_t, int64_t>>& sizes, int64_t multiple) {
+    const int64_t m = std::max<int64_t>(1, multiple);
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (auto [H, W] : sizes) r.push_back({std::max(m, H / m * m), std::max(m, W / m * m)});
+    return r;
+}
+
 std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
                                         int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
                                         const vae::TilingOptions& tiling) {

@@ -51,6 +51,11 @@ std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const Placeme
                                         int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
                                         const vae::TilingOptions& tiling = {});
 
+/// The sizes {H, W} (pixels) rounded down to a multiple of `multiple` (the family's pixel
+/// granularity, e.g. 8 for SD, 16 for FLUX.1 and Z-Image), at least one multiple per side: what the
+/// families resize an init image to before encoding it. Throws nothing.
+std::vector<std::pair<int64_t, int64_t>> encode_sizes_at(const std::vector<std::pair<int64_t, int64_t>>& sizes, int64_t multiple);
+
 /// An AutoencoderKL encoder whose parameters are placed by a ModulePlan (a PlacedSequence over
 /// the encoder sequence, under the spec's `vae` entry; plans carry stage kVaeEncodeStage).
 class PlacedVaeEncoder {

@@ -13,32 +13,9 @@ set -u
 easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
-source "$(dirname "$0")/lib/rpc.bash"  # _rpc_pair_cleanup
-# two rpc-servers on ports 65500-65535 (ports above 65535 do not exist, so not the 65800 range the
-# task named; lib/rpc.bash's start_rpc_pair spans
-# 800 ports), another pair of the range when a port is taken; $tmp, $rpc, fails=0
-tmp=$(mktemp -d)
-pids=()
-trap _rpc_pair_cleanup EXIT
-fails=0
-for attempt in 0 1 2 3 4 5 6 7; do
-  port0=$((65500 + (($$ + attempt * 7) % 17) * 2))
-  port1=$((port0 + 1))
-  "$easel" rpc-server --port "$port0" --device CPU --threads 1 >"$tmp/rpc-$port0.log" 2>&1 &
-  p0=$!
-  "$easel" rpc-server --port "$port1" --device CPU --threads 1 >"$tmp/rpc-$port1.log" 2>&1 &
-  p1=$!
-  up=0
-  for i in $(seq 300); do
-    if (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null; then up=1; break; fi
-    kill -0 "$p0" 2>/dev/null && kill -0 "$p1" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ "$up" = 1 ]; then pids+=("$p0" "$p1"); break; fi
-  kill "$p0" "$p1" 2>/dev/null
-  wait "$p0" "$p1" 2>/dev/null
-done
-rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
+source "$(dirname "$0")/lib/rpc.bash"
+# two rpc-servers on ports 65500-65535 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
+start_rpc_pair 65500 17
 base=(-m "$model" -p "a cat" --steps 2 -s 1 -t 1 --no-cache)
 
 # an init image: the plain text-to-image run's output (128x128)
