@@ -54,7 +54,7 @@ private:
 
 /// Planner inputs of a module that own what their callbacks use: `keep` (the module's Block
 /// tree, TensorSource, weight index... whatever root/seq/src live in) and the SequenceRunner
-/// the measure functions build graphs with. make_inputs must own its host data (capture by
+/// the measure and flops functions build graphs with. make_inputs must own its host data (capture by
 /// value): it runs whenever the planner measures. Nothing is loaded; measuring builds graphs
 /// with stand-in parameter tensors and sizes them with ggml's graph allocator on the device
 /// named in each call. `row_split`: the module's tensor-parallel rules (placement/row_split.h)
@@ -76,6 +76,7 @@ ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn:
     // pair members are destroyed second first: the runner before what it points into
     auto hold = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<Runner>>>(std::move(keep), runner);
     c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
+    c.flops = [hold, f = c.flops](int b, int e, bool pro, bool epi) { return f(b, e, pro, epi); };
     c.state_bytes = [hold, f = c.state_bytes](int e) { return f(e); };
     if (c.row_split_bytes) c.row_split_bytes = [hold, f = c.row_split_bytes](size_t n) { return f(n); };
     if (c.row_split_partial_bytes) c.row_split_partial_bytes = [hold, f = c.row_split_partial_bytes](int b, int e) { return f(b, e); };

@@ -102,6 +102,12 @@ struct ModuleCosts {
     /// Compute buffer bytes of the graph running blocks [b, e) (+ prologue / epilogue) on `device`,
     /// measured with ggml's graph allocator at the job's shapes.
     std::function<uint64_t(int b, int e, bool prologue, bool epilogue, const std::string& device)> measure;
+    /// Floating-point operations (a multiply-add = 2) of one evaluation of blocks [b, e) (+
+    /// prologue / epilogue) at the job's shapes, counted from the same graph `measure` builds
+    /// (runtime::graph_flops: matmuls, flash attention, direct convolutions; elementwise ops,
+    /// norms and softmax left out). Device-independent. Empty = unknown. For --auto-fit's compute
+    /// time: FLOPs / the device's matmul FLOP/s (placement/autofit.h "Cost model").
+    std::function<double(int b, int e, bool prologue, bool epilogue)> flops;
     /// Bytes of the state entering block e (0 < e < blocks), at the job's shapes. Optional.
     std::function<uint64_t(int e)> state_bytes;
     /// --split-mode row (placement/row_split.h): the module's tensor-parallel rules (null: the

@@ -47,6 +47,7 @@
 #include "nn/sequence.h"
 #include "placement/plan.h"
 #include "placement/row_split.h"
+#include "runtime/graph_flops.h"
 #include "runtime/graph_runner.h"
 
 #include <ggml-alloc.h>
@@ -258,9 +259,10 @@ public:
                    bool flash_attn = false)
         : SegmentExecutor(root, block_sets(seq), src, std::move(opt), threads), seq_(seq), flash_(flash_attn) {}
 
-    /// Costs for the planner: parameter bytes, and a measure function building the graph of any
+    /// Costs for the planner: parameter bytes, a measure function building the graph of any
     /// block range at the shapes make_inputs declares (ggml_gallocr_reserve_n_size; nothing is
-    /// allocated). `label` describes the module in the plan table.
+    /// allocated) and a flops function counting the same graph (runtime::graph_flops). `label`
+    /// describes the module in the plan table.
     placement::ModuleCosts costs(InputsFn make_inputs, SelectFn select, std::string label) {
         placement::ModuleCosts c;
         c.label = std::move(label);
@@ -274,6 +276,7 @@ public:
         c.measure = [this, make_inputs, select](int b, int e, bool pro, bool epi, const std::string& dev) {
             return measure(make_inputs, select, b, e, pro, epi, dev);
         };
+        c.flops = [this, make_inputs, select](int b, int e, bool pro, bool epi) { return count_flops(make_inputs, select, b, e, pro, epi); };
         c.state_bytes = [this, make_inputs](int e) { return measure_state(make_inputs, e); };
         if (row_rules_ && row_rules_->why_not.empty()) {
             c.row_split = row_rules_;
@@ -606,6 +609,15 @@ private:
             ggml_gallocr_free(ga);
         });
         return size;
+    }
+
+    /// FLOPs of one evaluation of the graph measure() builds for blocks [b, e) (+ prologue /
+    /// epilogue): runtime::graph_flops on it (shapes only; nothing is allocated). Without the
+    /// prologue the state enters as inputs, so the blocks before b are not counted.
+    double count_flops(const InputsFn& make_inputs, const SelectFn& select, int b, int e, bool pro, bool epi) {
+        double flops = 0.0;
+        with_range_graph(make_inputs, select, b, e, pro, epi, [&](ggml_cgraph* gf) { flops = graph_flops(gf); });
+        return flops;
     }
 
     /// Row split: bytes of the largest partial sum in the graph of blocks [b, e) (state entering
