@@ -90,9 +90,15 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     fo.weight_type = p.weight_type;
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;
+    // the encode stage (-i, -r): planned at the images' sizes, as generate runs it
+    const pipeline::EncodeSizes enc = pipeline::encode_image_sizes(p);
+    fo.vae_encode_sizes = enc.init;
+    fo.reference_sizes = enc.references;
     auto fam = models::open_family(files, fo);
     const int f = fam->latent_format().spatial_factor, mult = fam->size_multiple();
-    const int W = std::max(mult, p.width / mult * mult), H = std::max(mult, p.height / mult * mult);
+    // generate takes an init image's size (-i) for the job
+    const int W0 = enc.init.empty() ? p.width : (int)enc.init[0].second, H0 = enc.init.empty() ? p.height : (int)enc.init[0].first;
+    const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
     const int64_t h = H / f, w = W / f;
     auto costs = fam->placement_costs(h, w);
     if (costs.empty())
@@ -182,6 +188,28 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
             m.measure_tile = caches.back()->wrap_tile(c.measure_tile);
             m.latent_w = (int)(c.latent_w > 0 ? c.latent_w : w);
             m.latent_h = (int)(c.latent_h > 0 ? c.latent_h : h);
+        }
+        if (c.module == PModule::Vae && fam->encode_costs(0)) {
+            // the encoder (its own stage, the same vae entry): costed per tile the planner tries,
+            // each tile's measurements cached under a key of the encoded sizes and the tile
+            std::vector<std::string> ekey = key;
+            ekey.push_back("encoder");
+            for (auto [eh, ew] : enc.init) ekey.push_back(fmt::format("i{}x{}", ew, eh));
+            for (auto [eh, ew] : enc.references) ekey.push_back(fmt::format("r{}x{}", ew, eh));
+            auto enc_caches = std::make_shared<std::map<int, std::shared_ptr<MeasureCache>>>();
+            models::Family* fp = fam.get();
+            m.encode_costs = [fp, enc_caches, ekey, cache_dir](int tile) {
+                std::optional<ModuleCosts> ec = fp->encode_costs(tile);
+                if (!ec) fail(ErrorKind::Internal, "--auto-fit: the encoder's costs vanished at tile {}", tile);
+                auto& mc = (*enc_caches)[tile];
+                if (!mc) {
+                    std::vector<std::string> k = ekey;
+                    k.push_back(fmt::format("tile{}", tile));
+                    mc = std::make_shared<MeasureCache>(cache_dir, k);
+                }
+                ec->measure = mc->wrap(ec->measure);
+                return *ec;
+            };
         }
         switch (c.module) {
             case PModule::Diffusion: m.evals = p.steps * cfg * p.batch_count; break;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -215,6 +216,15 @@ public:
     /// given) is left out. Throws Error(ModelMismatch) / Error(Io) when a module's file is of the
     /// wrong kind or unreadable (headers are read).
     virtual std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) { return {}; }
+
+    /// The planner inputs of the job's encode stage (module vae, stage placement::kVaeEncodeStage):
+    /// the VAE encoder at the largest image the job encodes (FamilyOptions::vae_encode_sizes and
+    /// reference_sizes, at the size the family encodes them) when the encodes run with tiles of
+    /// `tile` latent cells (0 = whole; the pipeline encodes with the decode's --vae-tiling).
+    /// std::nullopt when the job encodes no image or the family has no placed VAE encoder.
+    /// plan_placement plans the same costs at FamilyOptions::vae_tile; --auto-fit asks for each
+    /// tile it tries. Nothing is loaded. Throws as placement_costs.
+    virtual std::optional<placement::ModuleCosts> encode_costs(int tile) { return std::nullopt; }
 
     /// The placement plans (placement/plan.h) of the modules the family runs under
     /// FamilyOptions::placement, for one evaluation on a latent of h x w cells, without loading

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "pipeline/cache.h"
 #include "placement/row_split.h"
+#include "placement/vae_encoder.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,6 +64,7 @@ struct Candidate {
     double seconds = 0;
     int vae_tile = 0;
     uint64_t ram = 0;                       ///< host RAM held during the stage (Host params, CPU execution)
+    std::optional<ModulePlan> encode_plan;  ///< VAE: the encode stage's plan under the same placement
     std::map<std::string, uint64_t> caps;   ///< budgets the planner lowered (max-allocation limits)
     std::string note;                       ///< why this candidate (for the reasons)
     int order = 0;                          ///< enumeration order (fastest device first)
@@ -292,10 +294,49 @@ public:
                 record(sf, ram_shortfall(c, what));
                 return std::nullopt;
             }
+            if (m.encode_costs && !fit_encoder(m, place, vae_tile, budgets, c, sf, what)) return std::nullopt;
             return c;
         }
         record(sf, Shortfall{1, 0, 0, 0, 0, "", what + ": no segmentation respects the max allocation", false});
         return std::nullopt;
+    }
+
+    /// The VAE encoder (FitModule::encode_costs at the candidate's tile) planned under the
+    /// candidate's placement and budgets, in its own stage: sets c.encode_plan and adds its
+    /// predicted time; false (a shortfall recorded) when it does not fit, breaks a max
+    /// allocation or the host RAM.
+    bool fit_encoder(const FitModule& m, const ModulePlacement& place, int vae_tile, const std::map<std::string, uint64_t>& budgets,
+                     Candidate& c, Shortfall& sf, const std::string& what) const {
+        const std::string ew = what + ", its encoder" + (vae_tile > 0 ? fmt::format(" tiled {}x{}", vae_tile, vae_tile) : "");
+        const ModuleCosts ec = m.encode_costs(vae_tile);
+        ModulePlan p;
+        try {
+            p = plan_module(m.module, place, false, ec, budgets);
+        } catch (const Error& e) {
+            if (e.kind() != ErrorKind::OutOfMemory) throw;
+            log::debug("auto-fit: {}: does not fit ({})", ew, e.what());
+            note_shortfall(m, place, false, ec, sf, ew);
+            return false;
+        }
+        p.stage = kVaeEncodeStage;
+        if (const std::string viol = alloc_violation(p); !viol.empty()) {
+            record(sf, Shortfall{1, 0, 0, 0, 0, p.segments.empty() ? "" : p.segments[0].device, ew + ": " + viol, false});
+            return false;
+        }
+        if (const uint64_t ram = ram_of(p); ram_budget() > 0 && ram > ram_budget()) {
+            Candidate e;
+            e.plan = p;
+            e.ram = ram;
+            record(sf, ram_shortfall(e, ew));
+            return false;
+        }
+        FitModule em;  // one encode per image: the tiles are in the plan's graph count
+        em.module = m.module;
+        em.costs = ec;
+        em.evals = 1;
+        c.seconds += seconds(em, p, vae_tile);
+        c.encode_plan = std::move(p);
+        return true;
     }
 
     /// The host-RAM shortfall of candidate c.
@@ -509,6 +550,8 @@ const char* tier_name(Tier t) {
 std::vector<ModulePlan> FitResult::plans() const {
     std::vector<ModulePlan> v;
     for (auto& c : choices) v.push_back(c.plan);
+    for (auto& c : choices)
+        if (c.encode_plan) v.push_back(*c.encode_plan);
     return v;
 }
 
@@ -643,6 +686,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                             }
                         }
                     }
+                    // tiling changes the image (seams) and decodes more pixels: only when no
+                    // device holds the whole decode (and encode)
+                    if (std::any_of(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile == 0; }))
+                        got.erase(std::remove_if(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile > 0; }), got.end());
                     break;
                 case Tier::HostStreamed:
                     if (pin_par && (pin_par->empty() || *pin_par == kDisk)) break;
@@ -803,6 +850,7 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         ch.seconds = c.seconds;
         ch.vae_tile = c.vae_tile;
         ch.row_split = c.place.split == SplitMode::Row;
+        ch.encode_plan = c.encode_plan;
         out.choices.push_back(ch);
         out.tier = std::max(out.tier, c.tier);
         out.seconds += c.seconds;
@@ -845,6 +893,12 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         out.reasons.push_back(fmt::format("{}: tier {} ({}): {}{}{}; predicted {:.0f} MiB, {:.2f} s{}", mn, (int)c.tier, tier_name(c.tier),
                                           describe_candidate(c), why.empty() ? "" : " - ", why, mib(peak), c.seconds,
                                           pinned ? " (kept your --backend/--params-backend entry)" : ""));
+        if (c.encode_plan) {
+            uint64_t ep = 0;
+            for (auto& u : c.encode_plan->devices) ep = std::max(ep, u.total());
+            out.reasons.push_back(fmt::format("  {} encoder ({}): the same placement in its own stage ({}); predicted {:.0f} MiB", mn,
+                                              c.encode_plan->label, kVaeEncodeStage, mib(ep)));
+        }
         if (cands[k].size() > 1)
             out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
                                               cands[k].size() - 1, describe_candidate(cands[k][1]), cands[k][1].seconds));
@@ -887,16 +941,21 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                                                             (int)out.tier, tier_name(out.tier)));
     // predicted peaks as the pipeline runs (one stage at a time: the largest stage), and for
     // tier 1 the bytes of every module loaded at once (what made it tier 1)
-    std::map<PModule, std::map<std::string, uint64_t>> by_stage;  // modules of one stage add
+    std::map<std::string, std::map<std::string, uint64_t>> by_stage;  // modules of one stage add
+    auto add_stage = [&](const std::string& stage, const ModulePlan& p) {
+        std::map<std::string, uint64_t>& here = by_stage[stage];
+        for (auto& u : p.devices) here[u.device] += u.total();
+        if (p.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += p.host_bytes;
+    };
     for (auto& c : out.choices) {
-        std::map<std::string, uint64_t>& here = by_stage[c.module];
-        for (auto& u : c.plan.devices) here[u.device] += u.total();
-        if (c.plan.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += c.plan.host_bytes;
+        add_stage(pmodule_name(c.module), c.plan);
+        if (c.encode_plan) add_stage(kVaeEncodeStage, *c.encode_plan);
     }
-    for (auto& [mod, here] : by_stage) {
+    for (auto& [stage, here] : by_stage) {
         for (auto& [d, b] : here) {
             out.predicted_peak[d] = std::max(out.predicted_peak[d], b);
-            if (out.tier == Tier::Resident) out.resident_bytes[d] += b;
+            // (the encoder is loaded in its own stage, never with the other modules)
+            if (out.tier == Tier::Resident && stage != kVaeEncodeStage) out.resident_bytes[d] += b;
         }
     }
     for (auto& [d, b] : out.resident_bytes)

@@ -13,7 +13,10 @@
 //   1 resident      every module whole on an accelerator, all of them loaded at once;
 //   2 time-shared   every module whole on an accelerator during its own stage (the pipeline
 //                   loads te, then diffusion, then vae, freeing each after its stage); a VAE
-//                   decode that does not fit whole is tiled here, with the largest tile that fits;
+//                   decode that no accelerator holds whole is tiled here, with the largest tile
+//                   that fits (a whole decode on another device beats any tiled one); with an
+//                   image to encode (FitModule::encode_costs) the VAE's placement must also hold
+//                   the encoder, in its own stage, at the same tiling;
 //   3 host-streamed weights in host RAM, uploaded to the accelerator per evaluation (diffusion:
 //                   --stream-layers, leading blocks resident; others: --max-vram segments);
 //   4 layer split   contiguous block ranges over several accelerators, balanced by budget; with
@@ -83,6 +86,14 @@ struct FitModule {
     /// `device` (measured like ModuleCosts::measure); empty = tiling cannot be planned.
     std::function<uint64_t(int tile, const std::string& device)> measure_tile;
     int latent_w = 0, latent_h = 0;  ///< VAE: the job's latent size in cells (tiles only when smaller)
+    /// VAE only, when the job encodes images (img2img -i, in-painting, reference images): the
+    /// encoder's costs when the encodes run with tiles of `tile` latent cells (0 = whole; the
+    /// pipeline encodes with the decode's --vae-tiling), models::Family::encode_costs. The
+    /// encoder runs in a stage of its own (kVaeEncodeStage) under the same `vae` entry as the
+    /// decoder, so a candidate placement of the VAE counts only when the encoder's plan fits it
+    /// too (FitChoice::encode_plan); a decode tile is then also chosen so that the encoder's
+    /// tiles fit. Empty: no encode stage.
+    std::function<ModuleCosts(int tile)> encode_costs;
 };
 
 /// The job's shapes (for the report and the suggestions).
@@ -125,6 +136,9 @@ struct FitChoice {
     double seconds = 0;          ///< predicted time of the module in the job
     int vae_tile = 0;            ///< > 0: decode tiled with tiles of this many latent cells
     bool row_split = false;      ///< the plan is a row split (its blocks on ggml's meta device)
+    /// VAE with FitModule::encode_costs: the encode stage's plan under the same placement
+    /// (ModulePlan::stage = kVaeEncodeStage); FitResult::plans() and predicted_peak include it.
+    std::optional<ModulePlan> encode_plan;
 };
 
 /// The plan: what to run, as a spec and as flags, and why.
@@ -144,7 +158,7 @@ struct FitResult {
     /// Tier 1 only: bytes per device with every module loaded at once (each <= the budget).
     std::map<std::string, uint64_t> resident_bytes;
     double seconds = 0;                   ///< predicted time of the job
-    std::vector<ModulePlan> plans() const;
+    std::vector<ModulePlan> plans() const;  ///< every choice's plan, then its encode_plan (if any)
 };
 
 /// Plans the job. Throws Error(OutOfMemory) with one line naming the smallest shortfall among

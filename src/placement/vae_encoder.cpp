@@ -78,10 +78,9 @@ std::vector<std::pair<int64_t, int64_t>> encode_sizes_at(const std::vector<std::
     return r;
 }
 
-std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
-                                        int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
-                                        const vae::TilingOptions& tiling) {
-    if (sizes.empty()) return {};
+std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
+                                              const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling) {
+    if (sizes.empty()) return std::nullopt;
     if (!s.index) fail(ErrorKind::Internal, "VaeEncoderSource without a weight index");
     const vae::AutoencoderKLConfig cfg = vae::infer_autoencoder_kl_config(*s.index, s.src, s.overrides);
     // the largest graph among the encodes (by pixels): its compute buffer bounds the others'
@@ -91,10 +90,28 @@ std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const Placeme
         const auto g = vae::encode_graph_image(cfg, H, W, tiling);
         if (g.first * g.second > best.first * best.second) best = g, best_img = {H, W};
     }
-    ModuleCosts c = vae_encoder_costs(s, threads, flash_attn, best_img.first, best_img.second, tiling);
-    ModulePlan p = plan_module(PModule::Vae, spec[PModule::Vae], false, c, budgets);
+    return vae_encoder_costs(s, threads, flash_attn, best_img.first, best_img.second, tiling);
+}
+
+ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets) {
+    ModulePlan p = plan_module(PModule::Vae, spec[PModule::Vae], false, costs, budgets);
     p.stage = kVaeEncodeStage;
-    return {p};
+    return p;
+}
+
+std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
+                                        int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
+                                        const vae::TilingOptions& tiling) {
+    const std::optional<ModuleCosts> c = encode_stage_costs(s, threads, flash_attn, sizes, tiling);
+    if (!c) return {};
+    return {plan_encode_stage(*c, spec, budgets)};
+}
+
+vae::TilingOptions planned_tiling(int tile_cells, int spatial_factor) {
+    vae::TilingOptions t;
+    t.enabled = tile_cells > 0;
+    t.tile_size = std::max(tile_cells, 1) * spatial_factor;
+    return t;
 }
 
 struct PlacedVaeEncoder::Model : EncoderModel {

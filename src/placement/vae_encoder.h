@@ -18,6 +18,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,24 @@ ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash
 std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
                                         int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
                                         const vae::TilingOptions& tiling = {});
+
+/// Planner inputs of the encode stage for images of the given sizes ({H, W} pixels each): the
+/// costs of the largest encode graph among them (by pixels, as plan_vae_encode plans it), with
+/// tiling applied as vae::encode_graph_image decides. std::nullopt for an empty list. Nothing is
+/// loaded. Throws as vae_encoder_costs (Error(InvalidInput) for a size that is not a positive
+/// multiple of the VAE factor).
+std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
+                                              const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling = {});
+
+/// The plan of the encode stage from its costs (encode_stage_costs): plan_module under spec's
+/// `vae` entry and `budgets` (no streaming), with ModulePlan::stage = kVaeEncodeStage. Throws as
+/// plan_module.
+ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets);
+
+/// The tiling a family plans its VAE graphs at: tiles of `tile_cells` latent cells (0 = whole,
+/// tiling off), i.e. tile_size = tile_cells x `spatial_factor` image pixels, the default
+/// overlap (which changes no graph size). Throws nothing.
+vae::TilingOptions planned_tiling(int tile_cells, int spatial_factor);
 
 /// The sizes {H, W} (pixels) rounded down to a multiple of `multiple` (the family's pixel
 /// granularity, e.g. 8 for SD, 16 for FLUX.1 and Z-Image), at least one multiple per side: what the

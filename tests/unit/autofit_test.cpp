@@ -423,6 +423,85 @@ TEST(AutoFit, VaeTilingPlannedUpFront) {
     EXPECT_NE(r.flags_line.find("--vae-tiling --vae-tile-size 96x96"), std::string::npos);
 }
 
+// An img2img job's VAE encoder runs in its own stage under the decoder's `vae` entry, so a VAE
+// placement counts only when the encoder fits it too. 6 GiB card, latent 128x128 cells:
+//  - decoder whole: 160 MiB + 2 GiB compute: fits; tiles of t cells: t^2 x 0.25 MiB;
+//  - encoder (140 MiB of weights) whole: 7 GiB compute: does not fit; tiles: t^2 x 0.5 MiB.
+// The whole VAE is refused for its encoder; the first tile tried below the latent, 96, gives an
+// encoder of 140 + 4608 MiB <= 6144 MiB: decode and encode tiled 96x96. The encode stage
+// (4748 MiB) is then CUDA0's largest stage (te 2 GiB + 164 MiB, diffusion 4 GiB + 264 MiB).
+TEST(AutoFit, ImageEncodeFitsTheVaePlacement) {
+    FitRequest req;
+    req.devices = {cpu(32 * GiB), gpu("CUDA0", 6 * GiB)};
+    req.modules = job(8, 16, 256 * MiB, 2 * GiB);
+    FitModule& vae = req.modules[2];
+    vae.latent_w = vae.latent_h = 128;
+    vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
+    std::vector<int> asked;
+    vae.encode_costs = [&asked](int tile) {
+        asked.push_back(tile);
+        ModuleCosts c;
+        c.module = PModule::Vae;
+        c.label = "VAE encoder";
+        c.prologue_bytes = 140 * MiB;
+        const uint64_t comp = tile == 0 ? 7 * GiB : (uint64_t)tile * tile * MiB / 2;
+        c.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
+        return c;
+    };
+    FitResult r = auto_fit(req);
+    const FitChoice& v = choice(r, PModule::Vae);
+    EXPECT_EQ(v.tier, Tier::TimeShared);
+    EXPECT_EQ(v.vae_tile, 96);
+    EXPECT_EQ(v.plan.devices[0].compute, 96ull * 96 * MiB / 4);
+    ASSERT_TRUE(v.encode_plan.has_value());
+    EXPECT_EQ(v.encode_plan->stage, "vae-encode");
+    ASSERT_EQ(v.encode_plan->devices.size(), 1u);
+    EXPECT_EQ(v.encode_plan->devices[0].device, "CUDA0");
+    EXPECT_EQ(v.encode_plan->devices[0].params, 140 * MiB);
+    EXPECT_EQ(v.encode_plan->devices[0].compute, 96ull * 96 * MiB / 2);
+    ASSERT_GE(asked.size(), 2u);
+    EXPECT_EQ(asked[0], 0);  // whole first, then tiles
+    EXPECT_EQ(asked.back(), 96);
+    EXPECT_EQ(r.predicted_peak.at("CUDA0"), 140 * MiB + 96ull * 96 * MiB / 2);
+    // plans(): the modules' plans, then the encode stage's
+    const auto plans = r.plans();
+    ASSERT_EQ(plans.size(), 4u);
+    EXPECT_EQ(plans[3].stage, "vae-encode");
+    EXPECT_EQ(device_peaks(plans).at("CUDA0"), r.predicted_peak.at("CUDA0"));
+    EXPECT_NE(r.flags_line.find("--vae-tiling --vae-tile-size 96x96"), std::string::npos);
+}
+
+// When the encoder fits no tile either, nothing fits the VAE and the message says it is the
+// encoder: 6 GiB card, encoder compute 7 GiB whole and 8 GiB at any tile (a made-up encoder whose
+// buffer does not shrink), the decoder alone would fit whole.
+TEST(AutoFit, ImageEncodeThatFitsNowhereIsNamed) {
+    FitRequest req;
+    req.devices = {gpu("CUDA0", 6 * GiB)};
+    req.modules = job(8, 16, 256 * MiB, 2 * GiB);
+    FitModule& vae = req.modules[2];
+    vae.latent_w = vae.latent_h = 128;
+    vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
+    vae.encode_costs = [](int tile) {
+        ModuleCosts c;
+        c.module = PModule::Vae;
+        c.prologue_bytes = 140 * MiB;
+        const uint64_t comp = tile == 0 ? 7 * GiB : 8 * GiB;
+        c.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
+        return c;
+    };
+    try {
+        auto_fit(req);
+        FAIL() << "expected OutOfMemory";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("nothing fits vae"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("its encoder"), std::string::npos) << msg;
+        // the closest miss: the whole encoder, 140 MiB + 7 GiB against 6 GiB
+        EXPECT_NE(msg.find("needs 7308 MiB of CUDA0 but 6144 MiB are available"), std::string::npos) << msg;
+    }
+}
+
 // Explicit --backend entries are kept: te pinned to the CPU stays there while the planner
 // fills in the rest (diffusion and VAE resident on the card).
 TEST(AutoFit, ExplicitEntriesAreKept) {

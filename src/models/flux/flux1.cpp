@@ -797,11 +797,12 @@ placement::VaeDecoderSource Flux1::vae_source() const {
     return s;
 }
 
-vae::TilingOptions Flux1::planned_tiling() const {
-    vae::TilingOptions t;
-    t.enabled = opt_.vae_tile > 0;
-    t.tile_size = std::max(opt_.vae_tile, 1) * spatial_factor_;
-    return t;
+vae::TilingOptions Flux1::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, spatial_factor_); }
+
+std::optional<placement::ModuleCosts> Flux1::encode_costs(int tile) {
+    if (!(kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty())) return std::nullopt;
+    const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
+    return placement::encode_stage_costs(vae_source(), opt_.threads, false, sizes, placement::planned_tiling(tile, spatial_factor_));
 }
 
 std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
@@ -809,11 +810,7 @@ std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
     const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
     auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
     // the encode stage (img2img): the VAE encoder under the vae entry
-    if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
-        const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
-        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
-            plans.push_back(std::move(p));
-    }
+    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
     return plans;
 }
 

@@ -123,6 +123,7 @@ public:
     /// headers; a text encoder without a file is left out.
     std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
     /// With FamilyOptions::placement: plans of T5, CLIP and the DiT (placement::plan_modules).
+    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     /// Plans in use (the text encoders' kept after they are unloaded) and measured peaks per device.
     std::vector<placement::ModulePlan> placement_plans() const override;

@@ -973,12 +973,7 @@ placement::VaeDecoderSource Flux2Klein::vae_source() const {
     return s;
 }
 
-vae::TilingOptions Flux2Klein::planned_tiling() const {
-    vae::TilingOptions t;
-    t.enabled = opt_.vae_tile > 0;
-    t.tile_size = std::max(opt_.vae_tile, 1) * latent_format().spatial_factor;
-    return t;
-}
+vae::TilingOptions Flux2Klein::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, latent_format().spatial_factor); }
 
 namespace {
 
@@ -997,6 +992,15 @@ std::pair<int64_t, int64_t> klein_reference_size(int64_t H, int64_t W, int multi
 
 }  // namespace
 
+std::optional<placement::ModuleCosts> Flux2Klein::encode_costs(int tile) {
+    if (!(kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty()))) return std::nullopt;
+    const int64_t m = latent_format().spatial_factor;
+    auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, m);
+    for (auto [H, W] : opt_.reference_sizes)
+        if (auto r = klein_reference_size(H, W, (int)m); r.first > 0 && r.second > 0) sizes.push_back(r);
+    return placement::encode_stage_costs(vae_source(), opt_.threads, false, sizes, placement::planned_tiling(tile, latent_format().spatial_factor));
+}
+
 std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
     if (!opt_.placement) return {};
     const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
@@ -1005,14 +1009,7 @@ std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t
     if (taesd_warning) log::warn("{}", *taesd_warning);
     auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
     // the encode stage (img2img, reference images): the VAE encoder under the vae entry
-    if (kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty())) {
-        const int64_t m = latent_format().spatial_factor;
-        auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, m);
-        for (auto [H, W] : opt_.reference_sizes)
-            if (auto r = klein_reference_size(H, W, (int)m); r.first > 0 && r.second > 0) sizes.push_back(r);
-        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, false, sizes, planned_tiling()))
-            plans.push_back(std::move(p));
-    }
+    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
     return plans;
 }
 

@@ -173,6 +173,7 @@ public:
     /// the reference tokens set so far). Reads the text encoder's headers.
     std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
     /// With FamilyOptions::placement: plans of te and diffusion (placement::plan_modules).
+    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
     std::vector<placement::ModulePlan> placement_plans() const override;

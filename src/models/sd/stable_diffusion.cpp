@@ -708,11 +708,12 @@ placement::VaeDecoderSource StableDiffusion::vae_source() const {
     return s;
 }
 
-vae::TilingOptions StableDiffusion::planned_tiling() const {
-    vae::TilingOptions t;
-    t.enabled = opt_.vae_tile > 0;
-    t.tile_size = std::max(opt_.vae_tile, 1) * spatial_factor_;
-    return t;
+vae::TilingOptions StableDiffusion::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, spatial_factor_); }
+
+std::optional<placement::ModuleCosts> StableDiffusion::encode_costs(int tile) {
+    if (!(kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty())) return std::nullopt;
+    const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
+    return placement::encode_stage_costs(vae_source(), opt_.threads, opt_.flash_attn_te, sizes, placement::planned_tiling(tile, spatial_factor_));
 }
 
 std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
@@ -723,11 +724,7 @@ std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, in
     if (taesd_warning) log::warn("{}", *taesd_warning);
     auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
     // the encode stage (img2img / in-painting): the VAE encoder under the vae entry
-    if (kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty()) {
-        const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
-        for (auto& p : placement::plan_vae_encode(vae_source(), *opt_.placement, budgets, opt_.threads, opt_.flash_attn_te, sizes, planned_tiling()))
-            plans.push_back(std::move(p));
-    }
+    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
     return plans;
 }
 

@@ -92,6 +92,7 @@ public:
     std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
     /// With FamilyOptions::placement: the plans of the text encoder, the UNet and the VAE decoder
     /// (placement::plan_modules over placement_costs()).
+    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
     std::vector<placement::ModulePlan> placement_plans() const override;
     std::map<std::string, uint64_t> placement_peaks() const override;
