@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "models/vae/taesd.h"
 #include "placement/devices.h"
+#include "runtime/graph_flops.h"
 
 #include <fmt/format.h>
 #include <ggml-alloc.h>
@@ -22,15 +23,14 @@ struct TaesdKeep {
     std::unique_ptr<vae::TaesdSequential> seq;
     nn::ParamBuffer host;
     std::map<std::string, uint64_t> measured;  // compute bytes per device (the graph is fixed)
+    double flops = -1;                         // FLOPs of the decode graph, counted on first use
     std::mutex mu;
 };
 
-/// Compute buffer bytes of the decode graph of a {w, h, L, 1} latent on `device`, allocated as
-/// vae::run_image_graph does (one no_alloc context, input and output flagged, ggml_gallocr on
-/// the device's buffer type).
-uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, const std::string& device) {
-    ggml_backend_dev_t dev = find_device(device);
-    if (!dev) fail(ErrorKind::InvalidInput, "TAESD costs: no device named '{}'; see `easel devices`", device);
+/// Builds the decode graph of a {w, h, L, 1} latent as vae::run_image_graph does (one no_alloc
+/// context, input and output flagged) and calls f(graph).
+template <class F>
+void with_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, F&& f) {
     const size_t graph_size = 16384;  // vae::ExecOptions::graph_size's default
     ggml_init_params ip{};
     ip.mem_size = ggml_tensor_overhead() * graph_size + ggml_graph_overhead_custom(graph_size, false);
@@ -46,9 +46,20 @@ uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, co
     ggml_set_output(out);
     ggml_cgraph* gf = ggml_new_graph_custom(ctx.get(), graph_size, false);
     ggml_build_forward_expand(gf, out);
-    std::unique_ptr<ggml_gallocr, decltype(&ggml_gallocr_free)> ga(ggml_gallocr_new(ggml_backend_dev_buffer_type(dev)), &ggml_gallocr_free);
+    f(gf);
+}
+
+/// Compute buffer bytes of the decode graph (with_graph) on `device`, allocated with ggml_gallocr
+/// on the device's buffer type.
+uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, const std::string& device) {
+    ggml_backend_dev_t dev = find_device(device);
+    if (!dev) fail(ErrorKind::InvalidInput, "TAESD costs: no device named '{}'; see `easel devices`", device);
     size_t size = 0;
-    ggml_gallocr_reserve_n_size(ga.get(), gf, nullptr, nullptr, &size);
+    with_graph(seq, h, w, [&](ggml_cgraph* gf) {
+        std::unique_ptr<ggml_gallocr, decltype(&ggml_gallocr_free)> ga(ggml_gallocr_new(ggml_backend_dev_buffer_type(dev)),
+                                                                       &ggml_gallocr_free);
+        ggml_gallocr_reserve_n_size(ga.get(), gf, nullptr, nullptr, &size);
+    });
     return size;
 }
 
@@ -78,6 +89,13 @@ ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t
         auto it = k->measured.find(device);
         if (it == k->measured.end()) it = k->measured.emplace(device, measure_graph(*k->seq, h, w, device)).first;
         return it->second;
+    };
+    // one graph, one block: every range that holds the block is the whole decode
+    c.flops = [k, h, w](int b, int e, bool, bool) -> double {
+        if (e <= b) return 0.0;
+        std::lock_guard<std::mutex> g(k->mu);
+        if (k->flops < 0) with_graph(*k->seq, h, w, [&](ggml_cgraph* gf) { k->flops = runtime::graph_flops(gf); });
+        return k->flops;
     };
     c.latent_h = h;
     c.latent_w = w;

@@ -18,7 +18,8 @@ namespace easel::placement {
 /// latent of h x w cells (ggml ne {w, h, L, 1}): module PModule::Vae, one block holding every
 /// parameter (F32, nn::param_bytes), `measure` = the compute buffer of the whole decode graph on
 /// the device (ggml_gallocr_reserve_n_size on its buffer type), as vae::run_image_graph
-/// allocates it. Nothing is loaded on a device (the graph's parameters are bound to a host
+/// allocates it; `flops` = the FLOPs of that whole decode graph (runtime::graph_flops; 0 for an
+/// empty block range). Nothing is loaded on a device (the graph's parameters are bound to a host
 /// buffer for the measurement). Throws Error(ModelMismatch) when `index` holds no TAESD decoder,
 /// Error(InvalidInput) for an empty latent.
 ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -70,6 +71,16 @@ ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash
     ModuleCosts c = graph_costs(s, threads, flash_attn, gh, gw, suffix);
     c.latent_h = h;
     c.latent_w = w;
+    if (gh != h || gw != w) {
+        // FLOPs of the whole decode at the job's latent (one untiled graph of h x w, built on first
+        // use; its graphs are shape-only, nothing allocated), not of the first tile the bytes are
+        // measured at
+        auto whole = std::make_shared<std::optional<ModuleCosts>>();
+        c.flops = [s, threads, flash_attn, h, w, whole](int b, int e, bool pro, bool epi) -> double {
+            if (!*whole) *whole = graph_costs(s, threads, flash_attn, h, w, "");
+            return (*whole)->flops(b, e, pro, epi);
+        };
+    }
     // one tile t x t (clipped to the latent) as one graph: the costs of each tile size are made
     // on first use and kept (the callbacks may be called for many devices)
     auto tiles = std::make_shared<std::map<int, ModuleCosts>>();

@@ -36,7 +36,9 @@ struct VaeDecoderSource {
 /// it will be decoded with `tiling`: costed at the largest graph of the decode (the first tile,
 /// vae::decode_graph_latent, when `tiling` tiles it; else h x w). Parameter bytes per block as
 /// loaded (F32); compute buffers measured with ggml's graph allocator. Also fills
-/// ModuleCosts::measure_tile (one tile x tile tile, clipped to h x w, as one graph on a device;
+/// ModuleCosts::flops: the FLOPs of the whole untiled decode graph of h x w (the job's latent,
+/// also when the bytes are measured at a tile; the overlap a tiled decode recomputes is not in
+/// it), and ModuleCosts::measure_tile (one tile x tile tile, clipped to h x w, as one graph on a device;
 /// the graphs of each tile size are built once and kept) and latent_h / latent_w = h, w.
 /// Nothing is loaded. Throws Error(ModelMismatch) when the source holds no decoder or its keys
 /// do not describe an AutoencoderKL, Error(InvalidInput) for a tile size that is not a positive

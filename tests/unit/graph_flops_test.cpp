@@ -4,7 +4,10 @@
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
 #include "models/qwen3/qwen3.h"
+#include "models/vae/autoencoder_kl.h"
 #include "placement/plan.h"
+#include "placement/taesd.h"
+#include "placement/vae_decoder.h"
 #include "runtime/graph_flops.h"
 #include "runtime/sequence_runner.h"
 
@@ -238,4 +241,87 @@ TEST(GraphFlops, Qwen3TextEncoderWithGqaMatchesConfigFormula) {
         EXPECT_DOUBLE_EQ(c.flops(0, 4, true, true), 4 * layer);  // 5898240
         expect_sum_of_parts(c, 4);
     }
+}
+
+// AutoencoderKL decoder (autoencoder_kl_sd_tiny: latent L = 4, block_out_channels [16, 32],
+// layers_per_block 2, so up blocks at 32 then 16 channels, factor 2; norm groups 8). A 3x3 conv
+// C -> C' on P pixels is 2 x 9 C C' P; per latent pixel (P = h w):
+//   prologue   post_quant_conv 1x1 4->4 (2*4*4 = 32) + conv_in 3x3 4->32 (2304)     = 2336 P
+//   block 0    mid resnet 32: two 3x3 convs                              2 x 18432 = 36864 P
+//   block 1    mid attention, one head of 32: q, k, v, o (4 x 2*32*32 = 8192 P) + Q K^T and
+//              P V over the P tokens (2 x 2 x 32 P^2)                        = 8192 P + 128 P^2
+//   block 2    mid resnet                                                            36864 P
+//   blocks 3-5 up block 0 resnets 32->32                                         3 x 36864 P
+//   block 6    its upsampler: 3x3 conv 32->32 on 4P pixels                    18432 x 4P = 73728 P
+//   block 7    up block 1 resnet 32->16 at 4P: 3x3 32->16 (9216), 3x3 16->16 (4608), 1x1
+//              shortcut 32->16 (1024)                                      14848 x 4 = 59392 P
+//   blocks 8-9 resnets 16->16 at 4P                                       2 x 9216 x 4 = 73728 P
+//   epilogue   conv_out 3x3 16->3 at 4P                                     864 x 4 = 3456 P
+// total 405152 P + 128 P^2. GroupNorm, SiLU, the residual adds, the softmax and the nearest
+// upsampling count 0.
+namespace {
+
+double kl_sd_tiny_flops(double P) { return 405152.0 * P + 128.0 * P * P; }
+
+placement::VaeDecoderSource kl_sd_tiny_source(const io::WeightIndex& idx) {
+    placement::VaeDecoderSource s;
+    s.index = &idx;
+    s.src = *vae::find_autoencoder_kl(idx);
+    s.overrides.norm_num_groups = 8;
+    return s;
+}
+
+}  // namespace
+
+TEST(GraphFlops, VaeDecoderMatchesConfigFormulaAndTilesCountTheWholeDecode) {
+    auto idx = io::WeightIndex::open(kRef / "autoencoder_kl_sd_tiny.safetensors");
+    const placement::VaeDecoderSource s = kl_sd_tiny_source(idx);
+    const int64_t h = 16, w = 12;
+    const double P = (double)(h * w);
+    for (bool flash : {false, true}) {
+        SCOPED_TRACE(flash ? "flash attention" : "plain attention");
+        placement::ModuleCosts c = placement::vae_decoder_costs(s, 1, flash, h, w);
+        ASSERT_EQ(c.block_bytes.size(), 10u);
+        ASSERT_TRUE(c.flops);
+        EXPECT_DOUBLE_EQ(c.flops(0, 0, true, false), 2336 * P);
+        EXPECT_DOUBLE_EQ(c.flops(0, 1, false, false), 36864 * P);
+        EXPECT_DOUBLE_EQ(c.flops(1, 2, false, false), 8192 * P + 128 * P * P);
+        EXPECT_DOUBLE_EQ(c.flops(6, 7, false, false), 73728 * P);
+        EXPECT_DOUBLE_EQ(c.flops(7, 8, false, false), 59392 * P);
+        EXPECT_DOUBLE_EQ(c.flops(10, 10, false, true), 3456 * P);
+        EXPECT_DOUBLE_EQ(c.flops(0, 10, true, true), kl_sd_tiny_flops(P));  // 82507776
+        EXPECT_DOUBLE_EQ(kl_sd_tiny_flops(P), 82507776.0);
+        expect_sum_of_parts(c, 10);
+    }
+    // tiled with tiles of 8 x 8 latent cells: the bytes are measured at one tile's graph, the
+    // FLOPs are still the whole decode's at 16 x 12 (not the tile's 64 cells)
+    vae::TilingOptions t;
+    t.enabled = true;
+    t.tile_size = 8 * 2;  // pixels: 8 cells x factor 2
+    placement::ModuleCosts tiled = placement::vae_decoder_costs(s, 1, false, h, w, t);
+    placement::ModuleCosts whole = placement::vae_decoder_costs(s, 1, false, h, w);
+    EXPECT_LT(tiled.measure(0, 10, true, true, "CPU"), whole.measure(0, 10, true, true, "CPU"));
+    EXPECT_DOUBLE_EQ(tiled.flops(0, 10, true, true), kl_sd_tiny_flops(P));
+    EXPECT_DOUBLE_EQ(tiled.flops(0, 1, false, false), 36864 * P);
+}
+
+// TAESD decoder (autoencoder_tiny_taesd_tiny: 16 channels everywhere, latent 4, decoder blocks
+// [3, 3, 3, 1], factor 8), diffusers DecoderTiny: conv_in 3x3 4->16, ReLU; per stage its Blocks
+// (three 3x3 convs 16->16 each, identity skip), then, except after the last stage, a nearest x2
+// upsampling and a 3x3 conv 16->16; conv_out 3x3 16->3. A 3x3 16->16 conv is 2*9*16*16 = 4608
+// FLOPs per pixel at its resolution; per latent pixel (P = h w):
+//   conv_in 1152; stage 0 (9 convs) 9 x 4608 at 1x, its up conv 4608 at 4x; stage 1: 9 convs at
+//   4x, up conv at 16x; stage 2: 9 convs at 16x, up conv at 64x; stage 3: 3 convs at 64x;
+//   conv_out 2*9*16*3 = 864 at 64x
+//   = 1152 + 4608 (9 + 4 + 36 + 16 + 144 + 64 + 192) + 864 x 64 = 2199168 P.
+TEST(GraphFlops, TaesdDecoderMatchesConfigFormula) {
+    auto idx = io::WeightIndex::open(kRef / "autoencoder_tiny_taesd_tiny.safetensors");
+    const int64_t h = 8, w = 6;
+    placement::ModuleCosts c = placement::taesd_decoder_costs(idx, h, w);
+    ASSERT_EQ(c.block_bytes.size(), 1u);
+    ASSERT_TRUE(c.flops);
+    EXPECT_DOUBLE_EQ(c.flops(0, 1, true, true), 2199168.0 * h * w);  // 105560064
+    EXPECT_DOUBLE_EQ(c.flops(0, 0, true, true), 0.0);                // no block: nothing runs
+    // another latent: linear in the pixels (every op is a convolution)
+    EXPECT_DOUBLE_EQ(placement::taesd_decoder_costs(idx, 4, 4).flops(0, 1, true, true), 2199168.0 * 16);
 }
