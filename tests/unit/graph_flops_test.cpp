@@ -1,7 +1,9 @@
 // runtime::graph_flops and ModuleCosts::flops: FLOPs counted from ggml graphs, checked against
 // figures computed by hand from the shapes (hand-built graphs) and from the model configs
-// (the tiny CLIP and Qwen3 text encoder fixtures in tests/data/reference).
+// (the tiny CLIP and Qwen3 text encoders, the tiny AutoencoderKL and TAESD decoders in
+// tests/data/reference) and against the demo model's card (PyTorch's FLOP counter).
 #include "io/weight_index.h"
+#include "models/family.h"
 #include "models/clip/clip_text.h"
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
@@ -324,4 +326,28 @@ TEST(GraphFlops, TaesdDecoderMatchesConfigFormula) {
     EXPECT_DOUBLE_EQ(c.flops(0, 0, true, true), 0.0);                // no block: nothing runs
     // another latent: linear in the pixels (every op is a convolution)
     EXPECT_DOUBLE_EQ(placement::taesd_decoder_costs(idx, 4, 4).flops(0, 1, true, true), 2199168.0 * 16);
+}
+
+// The demo model (models/demo) against its model card, whose figures come from PyTorch's
+// torch.utils.flop_counter.FlopCounterMode on the diffusers modules (tools/demo-model/train.py:
+// convolutions, linears and attention matmuls at 2 FLOPs per multiply-add, the same convention):
+// "UNet 1.66 GFLOP per evaluation (batch 1, 32x32 latent); VAE decoder 25.3 GFLOP" at 256x256.
+// The card rounds to 3 digits; the counts here must fall inside that rounding.
+TEST(GraphFlops, DemoModelMatchesItsModelCard) {
+    models::ModelFiles files;
+    files.model = (std::filesystem::path(EASEL_SOURCE_DIR) / "models" / "demo" / "easel-demo-shapes.safetensors").string();
+    models::FamilyOptions fo;
+    fo.threads = 1;
+    auto fam = models::open_family(files, fo);
+    auto costs = fam->placement_costs(32, 32);
+    ASSERT_EQ(costs.size(), 3u);
+    auto total = [](const placement::ModuleCosts& c) {
+        const int n = (int)c.block_bytes.size();
+        return c.flops(0, n, true, true);
+    };
+    ASSERT_EQ(costs[1].module, placement::PModule::Diffusion);
+    ASSERT_EQ(costs[2].module, placement::PModule::Vae);
+    EXPECT_NEAR(total(costs[1]), 1.66e9, 0.005e9);
+    EXPECT_NEAR(total(costs[2]), 25.3e9, 0.05e9);
+    expect_sum_of_parts(costs[1], (int)costs[1].block_bytes.size());
 }
