@@ -14,6 +14,7 @@ src="$(cd "$(dirname "$0")/../.." && pwd)"
 model="$src/models/demo/easel-demo-shapes.safetensors"
 taesd="$data/reference/autoencoder_tiny_taesd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
+source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, check_peaks
 # two rpc-servers on ports 50000-50099 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
 start_rpc_pair 50000 50
 job=(-m "$model" --taesd "$taesd" -p "a cat" --steps 2 -s 1 -t 1 --no-cache -W 128 -H 128)
@@ -21,41 +22,13 @@ job=(-m "$model" --taesd "$taesd" -p "a cat" --steps 2 -s 1 -t 1 --no-cache -W 1
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain CPU run: $(tail -1 "$tmp/plain.log")"; exit 1; }
 # the full VAE's image differs: a TAESD run that silently used the AutoencoderKL would fail
 "$easel" generate "${job[@]:0:2}" "${job[@]:4}" -o "$tmp/kl.png" >/dev/null 2>&1 || { echo "FAIL plain AutoencoderKL run"; exit 1; }
-if cmp -s "$tmp/plain.png" "$tmp/kl.png"; then
-  echo "FAIL the TAESD run gives the AutoencoderKL's image: the checks would prove nothing"
-  exit 1
-fi
-
-# check_decode_peak LOG NAME: the RPC0 row printed after the decode: measured within 10% of the prediction
-check_decode_peak() {
-  local log="$1" name="$2" row bad
-  row=$(sed -n '/after the decode/,/^$/p' "$log" | awk '$1 == "RPC0" && NF == 3 && $3 != "-" { print $1, $2, $3 }')
-  if [ -z "$row" ]; then
-    echo "FAIL $name: no measured peak printed for RPC0 after the decode"
-    return 1
-  fi
-  bad=$(printf '%s\n' "$row" | awk '{ if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB" }')
-  if [ -n "$bad" ]; then
-    echo "FAIL $name: $bad"
-    return 1
-  fi
-  echo "ok   $name: same PNG, RPC0 measured/predicted $(printf '%s\n' "$row" | awk '{ print $3 "/" $2 }') MiB"
-}
+require_different "$tmp/plain.png" "$tmp/kl.png" "the TAESD run gives the AutoencoderKL's image: the checks would prove nothing"
 
 # taesd_run NAME WARN(yes|no) FLAGS...
 taesd_run() {
   local name="$1" want_warn="$2"
   shift 2
-  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
-    echo "FAIL $name: $(grep -i error "$tmp/out.log" | head -1)"
-    fails=$((fails + 1))
-    return
-  fi
-  if ! cmp -s "$ref" "$tmp/out.png"; then
-    echo "FAIL $name: image differs from the plain CPU run"
-    fails=$((fails + 1))
-    return
-  fi
+  generate_same_png "$name" "$ref" "$@" || return
   if ! grep -Eq "^vae +RPC0 " "$tmp/out.log" || ! grep -q "TAESD decoder .*: 1 segment(s)" "$tmp/out.log"; then
     echo "FAIL $name: the plan table has no TAESD vae row on RPC0"
     fails=$((fails + 1))
@@ -73,7 +46,8 @@ taesd_run() {
     fails=$((fails + 1))
     return
   fi
-  check_decode_peak "$tmp/out.log" "$name" || fails=$((fails + 1))
+  # RPC0's peak after the decode within 10% of the prediction
+  check_peaks "$tmp/out.log" decode '^RPC0$' - "$name (same PNG)" measured || fails=$((fails + 1))
 }
 
 ref="$tmp/plain.png"

@@ -13,6 +13,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
+source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, check_peaks
 start_rpc_pair 61000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 job=(-m "$model" -p "a cat" -W 128 -H 128 --steps 2 -s 1 -t 1 --no-cache)
 
@@ -21,45 +22,15 @@ for t in 4 8; do
   "$easel" generate "${job[@]}" --vae-tiling --vae-tile-size ${t}x$t -o "$tmp/plain-t$t.png" >/dev/null 2>&1 ||
     { echo "FAIL plain tiled run ($t)"; exit 1; }
 done
-if cmp -s "$tmp/plain.png" "$tmp/plain-t8.png"; then
-  echo "FAIL the tiled decode gives the untiled image: the tiled cases would prove nothing"
-  exit 1
-fi
+require_different "$tmp/plain.png" "$tmp/plain-t8.png" "the tiled decode gives the untiled image: the tiled cases would prove nothing"
 
-# check_peaks LOG CAP(MiB or -) NAME: every RPC row of the table printed after the decode: the
-# measured peak within 10% of the prediction and not above CAP
-check_peaks() {
-  local log="$1" cap="$2" name="$3" rows bad
-  rows=$(sed -n '/after the decode/,/^$/p' "$log" | awk '$1 ~ /^RPC[01]/ && NF == 3 { print $1, $2, $3 }')
-  if [ -z "$rows" ]; then
-    echo "FAIL $name: no measured peak printed for an RPC device after the decode"
-    return 1
-  fi
-  bad=$(printf '%s\n' "$rows" | awk -v cap="$cap" '{
-      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " $1;
-      else if (cap != "-" && $3 > cap) print "measured " $3 " MiB above the cap " cap " MiB on " $1 }')
-  if [ -n "$bad" ]; then
-    echo "FAIL $name: $bad"
-    return 1
-  fi
-  echo "ok   $name: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
-}
-
-# same_image NAME REFERENCE CAP FLAGS...: the PNG equals REFERENCE, peaks checked
+# same_image NAME REFERENCE CAP FLAGS...: the PNG equals REFERENCE, every RPC device's peak after
+# the decode within 10% of the prediction and not above CAP (MiB or -)
 same_image() {
   local name="$1" ref="$2" cap="$3"
   shift 3
-  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
-    echo "FAIL $name: $(grep error "$tmp/out.log" | head -1)"
-    fails=$((fails + 1))
-    return
-  fi
-  if ! cmp -s "$ref" "$tmp/out.png"; then
-    echo "FAIL $name: image differs from the plain CPU run"
-    fails=$((fails + 1))
-    return
-  fi
-  check_peaks "$tmp/out.log" "$cap" "$name" || fails=$((fails + 1))
+  generate_same_png "$name" "$ref" "$@" || return
+  check_peaks "$tmp/out.log" decode '^RPC[01]' "$cap" "$name" || fails=$((fails + 1))
 }
 
 # vae_need FLAGS...: the vae row's predicted total (MiB) of `easel plan`
@@ -132,7 +103,7 @@ fi
 "$easel" generate "${big[@]}" --vae-tiling --vae-tile-size 16x16 -o "$tmp/plain-big-t16.png" >/dev/null 2>&1
 if "$easel" generate "${big[@]}" $rpc "${af[@]}" -o "$tmp/af.png" >"$tmp/af.log" 2>&1; then
   if cmp -s "$tmp/plain-big-t16.png" "$tmp/af.png"; then
-    check_peaks "$tmp/af.log" "$cap" "generate --auto-fit, VAE tiled under RPC caps of $cap MiB" || fails=$((fails + 1))
+    check_peaks "$tmp/af.log" decode '^RPC[01]' "$cap" "generate --auto-fit, VAE tiled under RPC caps of $cap MiB" || fails=$((fails + 1))
   else
     echo "FAIL generate --auto-fit: the image differs from the plain CPU run tiled 16x16"
     fails=$((fails + 1))

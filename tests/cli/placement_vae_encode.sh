@@ -14,6 +14,8 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
+source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, peak_rows, check_peaks
+plain_run="the plain CPU img2img run"  # generate_same_png's name for the reference
 # two rpc-servers on ports 65500-65535 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
 start_rpc_pair 65500 17
 base=(-m "$model" -p "a cat" --steps 2 -s 1 -t 1 --no-cache)
@@ -23,50 +25,21 @@ base=(-m "$model" -p "a cat" --steps 2 -s 1 -t 1 --no-cache)
 job=("${base[@]}" -i "$tmp/init.png" --strength 0.6)
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain img2img: $(tail -1 "$tmp/plain.log")"; exit 1; }
 "$easel" generate "${job[@]}" --vae-tiling --vae-tile-size 4x4 -o "$tmp/plain-t4.png" >/dev/null 2>&1 || { echo "FAIL plain tiled img2img"; exit 1; }
-if cmp -s "$tmp/plain.png" "$tmp/plain-t4.png"; then
-  echo "FAIL the tiled run gives the untiled image: the tiled case would prove nothing"
-  exit 1
-fi
+require_different "$tmp/plain.png" "$tmp/plain-t4.png" "the tiled run gives the untiled image: the tiled case would prove nothing"
 
-# check_encode_peaks LOG CAP(MiB or -) NAME: every RPC row of the table printed after the image
-# encode: the measured peak within 10% of the prediction and not above CAP
-check_encode_peaks() {
-  local log="$1" cap="$2" name="$3" rows bad
-  rows=$(sed -n '/after the image encode/,/^$/p' "$log" | awk '$1 ~ /^RPC[01]/ && NF == 3 && $3 != "-" { print $1, $2, $3 }')
-  if [ -z "$rows" ]; then
-    echo "FAIL $name: no measured peak printed for an RPC device after the image encode"
-    return 1
-  fi
-  bad=$(printf '%s\n' "$rows" | awk -v cap="$cap" '{
-      if ($3 > $2 * 1.10 || $3 < $2 * 0.90) print "measured " $3 " MiB vs predicted " $2 " MiB on " $1;
-      else if (cap != "-" && $3 > cap) print "measured " $3 " MiB above the cap " cap " MiB on " $1 }')
-  if [ -n "$bad" ]; then
-    echo "FAIL $name: $bad"
-    return 1
-  fi
-  echo "ok   $name: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
-}
-
-# same_image NAME REFERENCE CAP FLAGS...: the img2img PNG equals REFERENCE, encode peaks checked
+# same_image NAME REFERENCE CAP FLAGS...: the img2img PNG equals REFERENCE, the encode-image stage
+# line names the RPC devices, every RPC device's measured peak after the image encode within 10%
+# of the prediction and not above CAP (MiB or -)
 same_image() {
   local name="$1" ref="$2" cap="$3"
   shift 3
-  if ! "$easel" generate "${job[@]}" $rpc "$@" -o "$tmp/out.png" >"$tmp/out.log" 2>&1; then
-    echo "FAIL $name: $(grep error "$tmp/out.log" | head -1)"
-    fails=$((fails + 1))
-    return
-  fi
-  if ! cmp -s "$ref" "$tmp/out.png"; then
-    echo "FAIL $name: image differs from the plain CPU img2img run"
-    fails=$((fails + 1))
-    return
-  fi
+  generate_same_png "$name" "$ref" "$@" || return
   if ! grep -q "stage encode-image: .*vae encoder parameters .*(placed on RPC" "$tmp/out.log"; then
     echo "FAIL $name: the encode-image stage line does not name the RPC devices: $(grep 'stage encode-image' "$tmp/out.log")"
     fails=$((fails + 1))
     return
   fi
-  check_encode_peaks "$tmp/out.log" "$cap" "$name" || fails=$((fails + 1))
+  check_peaks "$tmp/out.log" "image encode" '^RPC[01]' "$cap" "$name" measured || fails=$((fails + 1))
 }
 
 # (te and diffusion on the CPU; only the vae entry moves)
@@ -109,7 +82,7 @@ fi
 "$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 --save-latent "$tmp/cpu.latent.safetensors" >/dev/null 2>&1
 if "$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 $rpc --backend "vae=RPC1&RPC0" \
   --save-latent "$tmp/rpc.latent.safetensors" >"$tmp/enc.log" 2>&1 && cmp -s "$tmp/cpu.latent.safetensors" "$tmp/rpc.latent.safetensors"; then
-  check_encode_peaks "$tmp/enc.log" - "easel encode-image, layer split vae=RPC1&RPC0 (same latent file)" || fails=$((fails + 1))
+  check_peaks "$tmp/enc.log" "image encode" '^RPC[01]' - "easel encode-image, layer split vae=RPC1&RPC0 (same latent file)" measured || fails=$((fails + 1))
 else
   echo "FAIL easel encode-image under a layer split: $(grep -i error "$tmp/enc.log" | head -1) (or the latent differs)"
   fails=$((fails + 1))
@@ -122,13 +95,12 @@ job=(-m "$data/reference/zimage_tiny/diffusers" -p "a red cat" -W 64 -H 64 --ste
   -i "$data/reference/zimage_tiny/img2img_init.png" --strength 0.6)
 if "$easel" generate "${job[@]}" -o "$tmp/zplain.png" >/dev/null 2>"$tmp/zplain.log"; then
   same_image "Z-Image img2img, layer split vae=RPC0&RPC1" "$tmp/zplain.png" - --backend "vae=RPC0&RPC1"
-  rows=$(sed -n '/after the decode/,/^$/p' "$tmp/out.log" | awk '$1 ~ /^RPC[01]/ && NF == 3 && $3 != "-" { print $1, $2, $3 }')
-  bad=$(printf '%s\n' "$rows" | awk 'NF == 3 && ($3 > $2 * 1.10 || $3 < $2 * 0.90) { print "measured " $3 " MiB vs predicted " $2 " MiB on " $1 }')
-  if [ "$(printf '%s\n' "$rows" | grep -c "^RPC")" -ne 2 ] || [ -n "$bad" ]; then
-    echo "FAIL Z-Image img2img decode peaks: ${bad:-expected RPC0 and RPC1 rows after the decode, got '$rows'}"
+  rows=$(peak_rows "$tmp/out.log" decode '^RPC[01]' measured)
+  if [ "$(printf '%s\n' "$rows" | grep -c "^RPC")" -ne 2 ]; then
+    echo "FAIL Z-Image img2img decode peaks: expected RPC0 and RPC1 rows after the decode, got '$rows'"
     fails=$((fails + 1))
   else
-    echo "ok   Z-Image img2img decode peaks: $(printf '%s\n' "$rows" | awk '{ printf "%s %s/%s MiB  ", $1, $3, $2 }')"
+    check_peaks "$tmp/out.log" decode '^RPC[01]' - "Z-Image img2img decode peaks" measured || fails=$((fails + 1))
   fi
 else
   echo "FAIL plain Z-Image img2img run: $(tail -1 "$tmp/zplain.log")"
