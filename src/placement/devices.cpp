@@ -67,6 +67,7 @@ bool tcp_reachable(const std::string& host, const std::string& port) {
 
 std::mutex g_mu;
 std::set<std::string> g_rpc_added;
+std::set<std::string> g_rpc_answered;  // endpoints whose server answered a probe (list_devices)
 
 }  // namespace
 
@@ -123,14 +124,20 @@ std::vector<DeviceInfo> list_devices() {
         info.type = type_name(ggml_backend_dev_type(d));
         size_t free = 0, total = 0;
         // ggml's RPC client aborts the process when its server has gone away: check first.
+        // Once a server answered, it is not probed again in this process: an `easel rpc-server`
+        // serves one connection at a time, so while this process's own RPC connection is open a
+        // probe waits in the server's backlog of one, and a second probe there timed out (2 s
+        // each, about every device lookup while planning).
         bool reachable = true;
         if (info.name.rfind("RPC", 0) == 0) {
             const std::string& ep = info.description;
             size_t colon = ep.rfind(':');
-            if (colon != std::string::npos) {
+            std::lock_guard<std::mutex> lock(g_mu);
+            if (colon != std::string::npos && !g_rpc_answered.count(ep)) {
                 std::string host = ep.substr(0, colon);
                 if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
                 reachable = tcp_reachable(host, ep.substr(colon + 1));
+                if (reachable) g_rpc_answered.insert(ep);
             }
         }
         if (reachable) ggml_backend_dev_memory(d, &free, &total);
@@ -155,7 +162,15 @@ ggml_backend_dev_t first_local_gpu() {
 }
 
 ggml_backend_dev_t find_device(const std::string& name) {
-    auto devs = list_devices();
+    // names only: no memory query or reachability probe per lookup (list_devices does those)
+    init_backends();
+    std::vector<DeviceInfo> devs;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        DeviceInfo info;
+        info.dev = ggml_backend_dev_get(i);
+        info.name = ggml_backend_dev_name(info.dev);
+        devs.push_back(std::move(info));
+    }
     const std::string want = ascii_lower(name);
     for (auto& d : devs)
         if (ascii_lower(d.name) == want) return d.dev;

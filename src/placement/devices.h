@@ -30,15 +30,18 @@ void init_backends();
 /// cannot be reached.
 void add_rpc_servers(const std::string& list);
 
-/// Every ggml device, in registry order.
+/// Every ggml device, in registry order, with its free / total memory (an RPC device's server
+/// is first probed with a TCP connect, 2 s timeout, once per process: an unreachable one shows
+/// 0 bytes and "(unreachable)" in its description instead of ggml's abort).
 std::vector<DeviceInfo> list_devices();
 
 /// The first GPU of this machine (type GPU or integrated GPU, not an RPC device), or nullptr.
 /// RPC devices also report type GPU; jobs go to them only when asked for by name.
 ggml_backend_dev_t first_local_gpu();
 
-/// Finds a device by exact name (case-insensitive) or unique case-insensitive prefix.
-/// Throws Error(InvalidInput) naming the known devices if none or several match.
+/// Finds a device by exact name (case-insensitive) or unique case-insensitive prefix, by name
+/// only (no memory query, no network traffic). Throws Error(InvalidInput) naming the known
+/// devices if none or several match.
 ggml_backend_dev_t find_device(const std::string& name);
 
 }  // namespace easel::placement
