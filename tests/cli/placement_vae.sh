@@ -13,7 +13,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
-source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, check_peaks
+source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, cap_at, check_peaks
 start_rpc_pair 61000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 job=(-m "$model" -p "a cat" -W 128 -H 128 --steps 2 -s 1 -t 1 --no-cache)
 
@@ -47,8 +47,7 @@ if [ -z "$need" ]; then
   echo "FAIL easel plan printed no vae row"
   fails=$((fails + 1))
 else
-  cap=$(awk -v n="$need" 'BEGIN { printf "%.3f", n * 0.9 }')
-  capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+  cap_at "$need" 0.9  # $cap MiB, $capg GiB
   segs=$("$easel" plan "${job[@]}" $rpc --backend vae=RPC0 --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4 --max-vram "RPC0=$capg" 2>&1 |
     grep -o "VAE decoder .*: [0-9]* segment(s)" | grep -o "[0-9]* segment(s)")
   if [ -n "$segs" ] && [ "${segs%% *}" -ge 2 ]; then
@@ -85,8 +84,7 @@ fi
 big=(-m "$model" -p "a cat" -W 256 -H 256 --steps 2 -s 1 -t 1 --no-cache)
 need16=$("$easel" plan "${big[@]}" $rpc --backend vae=RPC0 --vae-tiling --vae-tile-size 16x16 2>/dev/null | awk '$1 == "vae" { print $(NF - 2); exit }')
 needall=$("$easel" plan "${big[@]}" $rpc --backend vae=RPC0 2>/dev/null | awk '$1 == "vae" { print $(NF - 2); exit }')
-cap=$(awk -v n="$need16" 'BEGIN { printf "%.3f", n * 1.05 }')
-capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+cap_at "$need16" 1.05  # $cap MiB, $capg GiB
 af=(--backend "te=CPU,diffusion=CPU" --auto-fit --max-vram "RPC0=$capg,RPC1=$capg")
 if "$easel" plan "${big[@]}" $rpc "${af[@]}" >"$tmp/af-plan.log" 2>&1; then
   line=$(grep -m1 "^  --backend" "$tmp/af-plan.log")

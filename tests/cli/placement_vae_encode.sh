@@ -14,7 +14,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
-source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, peak_rows, check_peaks
+source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, cap_at, peak_rows, check_peaks
 plain_run="the plain CPU img2img run"  # generate_same_png's name for the reference
 # two rpc-servers on ports 65500-65535 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
 start_rpc_pair 65500 17
@@ -55,8 +55,7 @@ if [ -z "$need" ]; then
   echo "FAIL easel plan -i printed no vae-encode row"
   fails=$((fails + 1))
 else
-  cap=$(awk -v n="$need" 'BEGIN { printf "%.3f", n * 0.9 }')
-  capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+  cap_at "$need" 0.9  # $cap MiB, $capg GiB
   capped=(--backend "te=CPU,diffusion=CPU,vae=RPC0" --params-backend vae=cpu --vae-tiling --vae-tile-size 4x4 --max-vram "RPC0=$capg")
   segs=$("$easel" plan "${job[@]}" $rpc "${capped[@]}" 2>&1 | grep -o "VAE encoder .*: [0-9]* segment(s)" | grep -o "[0-9]* segment(s)")
   if [ -n "$segs" ] && [ "${segs%% *}" -ge 2 ]; then

@@ -30,6 +30,13 @@ generate_same_png() {
   fi
 }
 
+# cap_at NEED FRACTION: $cap, FRACTION x NEED (MiB, 3 decimals), and $capg, the same cap in GiB
+# as --max-vram takes it (7 decimals).
+cap_at() {
+  cap=$(awk -v n="$1" -v f="$2" 'BEGIN { printf "%.3f", n * f }')
+  capg=$(awk -v c="$cap" 'BEGIN { printf "%.7f", c / 1024 }')
+}
+
 # peak_rows LOG STAGE DEVICES [measured]: the rows "DEVICE PREDICTED MEASURED" (MiB) of the table
 # easel prints after the STAGE ("decode" or "image encode": "placement: peak bytes per device
 # after the STAGE, ...") in LOG, for the devices whose name matches the awk regex DEVICES; with
