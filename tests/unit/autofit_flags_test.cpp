@@ -7,6 +7,7 @@
 #include "core/strings.h"
 #include "placement/autofit.h"
 #include "placement/spec.h"
+#include "autofit_test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -20,33 +21,14 @@ namespace {
 constexpr uint64_t MiB = 1ull << 20;
 constexpr uint64_t GiB = 1ull << 30;
 
-/// `n` blocks of `block` bytes, `pro` outside them, a `comp`-byte compute buffer for any range,
-/// `state` bytes between blocks.
-FitModule module(PModule m, int n, uint64_t block, uint64_t pro, uint64_t comp, uint64_t state = 0) {
-    FitModule f;
-    f.module = m;
-    f.costs.module = m;
-    f.costs.label = pmodule_name(m);
-    f.costs.block_bytes.assign((size_t)n, block);
-    f.costs.prologue_bytes = pro;
-    f.costs.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
-    if (state) f.costs.state_bytes = [state](int) { return state; };
-    return f;
-}
+using test_support::fit_choice;
+using test_support::fit_module;
 
+/// A device (test_support::fit_device) whose largest single buffer is `max_alloc` bytes (0: unlimited).
 FitDevice dev(const std::string& name, const std::string& type, uint64_t budget, uint64_t max_alloc = 0) {
-    FitDevice d;
-    d.name = name;
-    d.type = type;
-    d.budget = budget;
+    FitDevice d = test_support::fit_device(name, type, budget);
     d.max_alloc = max_alloc;
     return d;
-}
-
-const FitChoice& choice(const FitResult& r, PModule m) {
-    for (auto& c : r.choices)
-        if (c.module == m) return c;
-    throw std::runtime_error("no choice for module");
 }
 
 /// Occurrences of `needle` in `s`.
@@ -64,11 +46,11 @@ int count(const std::string& s, const std::string& needle) {
 TEST(AutoFitFlags, DiskParamsKeptOnTheCpuTier) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 16 * GiB)};
-    req.modules = {module(PModule::Te, 4, 100 * MiB, 10 * MiB, 20 * MiB, MiB), module(PModule::Diffusion, 6, 200 * MiB, 10 * MiB, 50 * MiB, MiB)};
+    req.modules = {fit_module(PModule::Te, 4, 100 * MiB, 10 * MiB, 20 * MiB, MiB), fit_module(PModule::Diffusion, 6, 200 * MiB, 10 * MiB, 50 * MiB, MiB)};
     req.pinned_params[(size_t)PModule::Te] = std::string(kDisk);
     FitResult r = auto_fit(req);
-    EXPECT_EQ(choice(r, PModule::Te).tier, Tier::Cpu);
-    EXPECT_EQ(choice(r, PModule::Te).plan.params_location, kDisk);
+    EXPECT_EQ(fit_choice(r, PModule::Te).tier, Tier::Cpu);
+    EXPECT_EQ(fit_choice(r, PModule::Te).plan.params_location, kDisk);
     EXPECT_EQ(r.flags.params_backend, "te=disk");
     // the flags parse back to the same placement
     PlacementSpec spec = parse_placement(r.flags, {{"CPU", "cpu", false}});
@@ -83,11 +65,11 @@ TEST(AutoFitFlags, DiskParamsKeptOnTheCpuTier) {
 TEST(AutoFitFlags, HostParamsKeptWithAPinnedDeviceList) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 16 * GiB), dev("RPC0", "gpu", 2 * GiB), dev("RPC1", "gpu", 2 * GiB)};
-    req.modules = {module(PModule::Diffusion, 8, 200 * MiB, 10 * MiB, 50 * MiB, MiB)};
+    req.modules = {fit_module(PModule::Diffusion, 8, 200 * MiB, 10 * MiB, 50 * MiB, MiB)};
     req.pinned_devices[(size_t)PModule::Diffusion] = {"RPC0", "RPC1"};
     req.pinned_params[(size_t)PModule::Diffusion] = std::string("CPU");
     FitResult r = auto_fit(req);
-    const FitChoice& d = choice(r, PModule::Diffusion);
+    const FitChoice& d = fit_choice(r, PModule::Diffusion);
     EXPECT_EQ(d.tier, Tier::LayerSplit);
     ASSERT_EQ(d.plan.devices.size(), 2u);
     EXPECT_EQ(d.plan.devices[0].device, "RPC0");
@@ -103,10 +85,10 @@ TEST(AutoFitFlags, HostParamsKeptWithAPinnedDeviceList) {
 TEST(AutoFitFlags, PinnedVaeListIsALayerSplit) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 16 * GiB), dev("RPC0", "gpu", 2 * GiB), dev("RPC1", "gpu", 2 * GiB)};
-    req.modules = {module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB), module(PModule::Vae, 18, 5 * MiB, 2 * MiB, 300 * MiB, 4 * MiB)};
+    req.modules = {fit_module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB), fit_module(PModule::Vae, 18, 5 * MiB, 2 * MiB, 300 * MiB, 4 * MiB)};
     req.pinned_devices[(size_t)PModule::Vae] = {"RPC0", "RPC1"};
     FitResult r = auto_fit(req);
-    const FitChoice& v = choice(r, PModule::Vae);
+    const FitChoice& v = fit_choice(r, PModule::Vae);
     EXPECT_EQ(v.tier, Tier::LayerSplit);
     ASSERT_EQ(v.plan.devices.size(), 2u);
     EXPECT_NE(r.flags.backend.find("vae=RPC0&RPC1"), std::string::npos) << r.flags.backend;
@@ -114,7 +96,7 @@ TEST(AutoFitFlags, PinnedVaeListIsALayerSplit) {
     FitRequest free = req;
     free.pinned_devices[(size_t)PModule::Vae].clear();
     FitResult r2 = auto_fit(free);
-    EXPECT_EQ(choice(r2, PModule::Vae).plan.devices.size(), 1u);
+    EXPECT_EQ(fit_choice(r2, PModule::Vae).plan.devices.size(), 1u);
 }
 
 // Entries for modules the planner is not given (a family that does not cost its VAE or te in
@@ -124,7 +106,7 @@ TEST(AutoFitFlags, PinnedVaeListIsALayerSplit) {
 TEST(AutoFitFlags, EntriesOfModulesNotPlannedAreKept) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 16 * GiB), dev("RPC0", "gpu", 4 * GiB), dev("RPC1", "gpu", 4 * GiB)};
-    req.modules = {module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB)};
+    req.modules = {fit_module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB)};
     req.pinned_devices[(size_t)PModule::Vae] = {"RPC1"};
     req.pinned_params[(size_t)PModule::ControlNet] = std::string(kDisk);
     FitResult r = auto_fit(req);
@@ -138,7 +120,7 @@ TEST(AutoFitFlags, EntriesOfModulesNotPlannedAreKept) {
 TEST(AutoFitFlags, TooManyPinnedDevicesNamesTheBlocks) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 16 * GiB), dev("RPC0", "gpu", 4 * GiB), dev("RPC1", "gpu", 4 * GiB), dev("RPC2", "gpu", 4 * GiB)};
-    req.modules = {module(PModule::Te, 2, 10 * MiB, MiB, 20 * MiB, MiB), module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB)};
+    req.modules = {fit_module(PModule::Te, 2, 10 * MiB, MiB, 20 * MiB, MiB), fit_module(PModule::Diffusion, 8, 100 * MiB, 10 * MiB, 50 * MiB, MiB)};
     req.pinned_devices[(size_t)PModule::Te] = {"RPC0", "RPC1", "RPC2"};
     try {
         auto_fit(req);
@@ -154,7 +136,7 @@ TEST(AutoFitFlags, TooManyPinnedDevicesNamesTheBlocks) {
     // job plans (te whole on one device)
     req.pinned_devices[(size_t)PModule::Te].clear();
     FitResult r = auto_fit(req);
-    EXPECT_EQ(choice(r, PModule::Te).plan.devices.size(), 1u);
+    EXPECT_EQ(fit_choice(r, PModule::Te).plan.devices.size(), 1u);
 }
 
 // A device the planner caps (a 2 GiB max allocation lowers Vulkan0's budget, written as a
@@ -164,7 +146,7 @@ TEST(AutoFitFlags, TooManyPinnedDevicesNamesTheBlocks) {
 TEST(AutoFitFlags, MaxVramNamesEachDeviceOnce) {
     FitRequest req;
     req.devices = {dev("CPU", "cpu", 30 * GiB), dev("Vulkan0", "gpu", 8 * GiB, 2 * GiB)};
-    req.modules = {module(PModule::Te, 24, 416 * MiB, 64 * MiB, 100 * MiB, 8 * MiB), module(PModule::Diffusion, 28, 256 * MiB, 64 * MiB, 200 * MiB, 16 * MiB)};
+    req.modules = {fit_module(PModule::Te, 24, 416 * MiB, 64 * MiB, 100 * MiB, 8 * MiB), fit_module(PModule::Diffusion, 28, 256 * MiB, 64 * MiB, 200 * MiB, 16 * MiB)};
     req.max_vram = "vulkan0=8,CPU=30";
     FitResult r = auto_fit(req);
     EXPECT_EQ(count(ascii_lower(r.flags.max_vram), "vulkan0"), 1) << r.flags.max_vram;

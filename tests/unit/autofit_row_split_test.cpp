@@ -14,6 +14,7 @@
 #include "placement/plan.h"
 #include "placement/row_split.h"
 #include "placement/spec.h"
+#include "autofit_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -28,6 +29,9 @@ using namespace easel::placement;
 
 namespace {
 
+using test_support::fit_choice;
+using test_support::fit_device;
+
 constexpr uint64_t MiB = 1ull << 20;
 constexpr uint64_t GiB = 1ull << 30;
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -37,14 +41,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 /// devices (0: no rules; `why_not`: rules that refuse), each device holding 1/n of every block.
 FitModule module(PModule m, int n, uint64_t block, uint64_t pro, uint64_t comp, uint64_t state, int64_t max_devices,
                  const std::string& why_not = "") {
-    FitModule f;
-    f.module = m;
-    f.costs.module = m;
-    f.costs.label = pmodule_name(m);
-    f.costs.block_bytes.assign((size_t)n, block);
-    f.costs.prologue_bytes = pro;
-    f.costs.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
-    f.costs.state_bytes = [state](int) { return state; };
+    FitModule f = test_support::fit_module(m, n, block, pro, comp, state);
     if (max_devices > 0 || !why_not.empty()) {
         auto r = std::make_shared<RowSplitRules>();
         r->module = "synthetic DiT";
@@ -59,20 +56,6 @@ FitModule module(PModule m, int n, uint64_t block, uint64_t pro, uint64_t comp, 
     return f;
 }
 
-FitDevice dev(const std::string& name, const std::string& type, uint64_t budget) {
-    FitDevice d;
-    d.name = name;
-    d.type = type;
-    d.budget = budget;
-    return d;
-}
-
-const FitChoice& choice(const FitResult& r, PModule m) {
-    for (auto& c : r.choices)
-        if (c.module == m) return c;
-    throw std::runtime_error("no choice for module");
-}
-
 std::vector<DeviceName> names_of(const std::vector<FitDevice>& devs) {
     std::vector<DeviceName> v;
     for (auto& d : devs) v.push_back({d.name, d.type, false});
@@ -81,7 +64,7 @@ std::vector<DeviceName> names_of(const std::vector<FitDevice>& devs) {
 
 /// The machine of the synthetic tests: two 6 GiB cards and 4 GiB of RAM, so that a 7 GiB DiT
 /// fits neither card whole (tier 2) nor RAM (tier 3): tier 4.
-std::vector<FitDevice> pair_6_6() { return {dev("CPU", "cpu", 4 * GiB), dev("CUDA0", "gpu", 6 * GiB), dev("CUDA1", "gpu", 6 * GiB)}; }
+std::vector<FitDevice> pair_6_6() { return {fit_device("CPU", "cpu", 4 * GiB), fit_device("CUDA0", "gpu", 6 * GiB), fit_device("CUDA1", "gpu", 6 * GiB)}; }
 
 }  // namespace
 
@@ -99,7 +82,7 @@ TEST(AutoFitRowSplit, RowSplitPlannedInTheSplitTier) {
     // module (the others are not planned here and name no device list)
     req.split.fill(SplitMode::Row);
     FitResult r = auto_fit(req);
-    const FitChoice& d = choice(r, PModule::Diffusion);
+    const FitChoice& d = fit_choice(r, PModule::Diffusion);
     EXPECT_EQ(d.tier, Tier::LayerSplit);
     EXPECT_TRUE(d.row_split);
     ASSERT_EQ(d.plan.segments.size(), 3u);
@@ -124,8 +107,8 @@ TEST(AutoFitRowSplit, RowSplitPlannedInTheSplitTier) {
     // the same job without --split-mode row: a layer split, no --split-mode in the flags
     req.split[(size_t)PModule::Diffusion] = SplitMode::Layer;
     FitResult l = auto_fit(req);
-    EXPECT_FALSE(choice(l, PModule::Diffusion).row_split);
-    EXPECT_EQ(choice(l, PModule::Diffusion).plan.segments[0].device, "CUDA0");
+    EXPECT_FALSE(fit_choice(l, PModule::Diffusion).row_split);
+    EXPECT_EQ(fit_choice(l, PModule::Diffusion).plan.segments[0].device, "CUDA0");
     EXPECT_TRUE(l.flags.split_mode.empty());
 }
 
@@ -147,12 +130,12 @@ TEST(AutoFitRowSplit, RowSplitSecondsCountHalfTheComputeAndTheAllReduce) {
     req.modules[0].flops_per_eval = 1e14;
     req.split[(size_t)PModule::Diffusion] = SplitMode::Row;
     FitResult r = auto_fit(req);
-    ASSERT_TRUE(choice(r, PModule::Diffusion).row_split);
+    ASSERT_TRUE(fit_choice(r, PModule::Diffusion).row_split);
     const double load = (7168.0 + 64 + 64) * MiB / 1e9;
     const double per_eval = 1e14 * 7168 / 7296 / (2 * 2e13) + 1e14 * 128 / 7296 / 2e13 + 28 * 2 * 16.0 * MiB * 2 / 12e9;
     // (the prologue and epilogue segments each load the 64 MiB of non-block weights: the runtime
     // shares one copy, the cost model reads it twice: 0.07 s of 50 s)
-    EXPECT_NEAR(choice(r, PModule::Diffusion).seconds, load + 20 * per_eval, 1e-9 * (load + 20 * per_eval));
+    EXPECT_NEAR(fit_choice(r, PModule::Diffusion).seconds, load + 20 * per_eval, 1e-9 * (load + 20 * per_eval));
 }
 
 // Where the row split cannot apply the planner falls back to a layer split over the same devices
@@ -186,7 +169,7 @@ TEST(AutoFitRowSplit, FallsBackToLayerSplitWithAWarning) {
         req.modules = {c.m};
         req.split[(size_t)PModule::Diffusion] = SplitMode::Row;
         FitResult r = auto_fit(req);
-        const FitChoice& d = choice(r, PModule::Diffusion);
+        const FitChoice& d = fit_choice(r, PModule::Diffusion);
         EXPECT_EQ(d.tier, Tier::LayerSplit) << c.name;
         EXPECT_FALSE(d.row_split) << c.name;
         ASSERT_EQ(d.plan.devices.size(), 2u) << c.name;
@@ -203,11 +186,11 @@ TEST(AutoFitRowSplit, FallsBackToLayerSplitWithAWarning) {
 // A module that fits one card whole is not split: --split-mode row changes nothing and says so.
 TEST(AutoFitRowSplit, OneDeviceNeedsNoSplit) {
     FitRequest req;
-    req.devices = {dev("CPU", "cpu", 4 * GiB), dev("CUDA0", "gpu", 24 * GiB), dev("CUDA1", "gpu", 24 * GiB)};
+    req.devices = {fit_device("CPU", "cpu", 4 * GiB), fit_device("CUDA0", "gpu", 24 * GiB), fit_device("CUDA1", "gpu", 24 * GiB)};
     req.modules = {module(PModule::Diffusion, 28, 256 * MiB, 64 * MiB, 200 * MiB, 16 * MiB, 8)};
     req.split[(size_t)PModule::Diffusion] = SplitMode::Row;
     FitResult r = auto_fit(req);
-    EXPECT_EQ(choice(r, PModule::Diffusion).plan.devices.size(), 1u);
+    EXPECT_EQ(fit_choice(r, PModule::Diffusion).plan.devices.size(), 1u);
     EXPECT_TRUE(r.flags.split_mode.empty());
     bool said = false;
     for (auto& l : r.reasons) said |= l.find("--split-mode row not needed") != std::string::npos;
@@ -311,8 +294,8 @@ TEST(AutoFitRowSplit, ZImageTeAndDitOverTwoRpcServers) {
     FitResult fit = auto_fit(req);
     std::printf("[auto-fit row split]\n%s", format_fit(fit).c_str());
     EXPECT_TRUE(fit.warnings.empty()) << fit.warnings[0];
-    EXPECT_TRUE(choice(fit, PModule::Te).row_split);
-    EXPECT_TRUE(choice(fit, PModule::Diffusion).row_split);
+    EXPECT_TRUE(fit_choice(fit, PModule::Te).row_split);
+    EXPECT_TRUE(fit_choice(fit, PModule::Diffusion).row_split);
     EXPECT_EQ(fit.flags.split_mode, "te=row,diffusion=row");
 
     PlacementFlags flags = fit.flags;

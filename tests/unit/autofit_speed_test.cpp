@@ -7,6 +7,7 @@
 #include "placement/autofit.h"
 #include "placement/devices.h"
 #include "placement/spec.h"
+#include "autofit_test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -47,34 +48,22 @@ std::string read(const std::filesystem::path& p) {
     return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+using test_support::fit_choice;
+
+/// test_support::fit_module with `evals` evaluations of `flops_per_eval` FLOPs each.
 FitModule module(PModule m, int n, uint64_t block, uint64_t pro, uint64_t comp, uint64_t state, double evals, double flops_per_eval) {
-    FitModule f;
-    f.module = m;
-    f.costs.module = m;
-    f.costs.label = pmodule_name(m);
-    f.costs.block_bytes.assign((size_t)n, block);
-    f.costs.prologue_bytes = pro;
-    f.costs.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
-    if (state) f.costs.state_bytes = [state](int) { return state; };
+    FitModule f = test_support::fit_module(m, n, block, pro, comp, state);
     f.evals = evals;
     f.flops_per_eval = flops_per_eval;
     return f;
 }
 
+/// test_support::fit_device measured at `flops` FLOP/s and `bw` host-to-device bytes/s (0: the type's default).
 FitDevice dev(const std::string& name, const std::string& type, uint64_t budget, double flops = 0, double bw = 0) {
-    FitDevice d;
-    d.name = name;
-    d.type = type;
-    d.budget = budget;
+    FitDevice d = test_support::fit_device(name, type, budget);
     d.flops = flops;
     d.h2d_bytes_per_s = bw;
     return d;
-}
-
-const FitChoice& choice(const FitResult& r, PModule m) {
-    for (auto& c : r.choices)
-        if (c.module == m) return c;
-    throw std::runtime_error("no choice for module");
 }
 
 }  // namespace
@@ -209,13 +198,13 @@ TEST(AutoFitSpeed, MeasuredFlopsPickTheCard) {
     };
     FitResult a = plan(1e13, 5e13);
     EXPECT_EQ(a.tier, Tier::Resident);
-    EXPECT_EQ(choice(a, PModule::Diffusion).plan.devices[0].device, "CUDA1");
-    EXPECT_NEAR(choice(a, PModule::Diffusion).seconds, (28.0 * 256 + 64) * MiB / 1e9 + 40 * 1e14 / 5e13, 1e-6);
+    EXPECT_EQ(fit_choice(a, PModule::Diffusion).plan.devices[0].device, "CUDA1");
+    EXPECT_NEAR(fit_choice(a, PModule::Diffusion).seconds, (28.0 * 256 + 64) * MiB / 1e9 + 40 * 1e14 / 5e13, 1e-6);
     FitResult b = plan(5e13, 1e13);
-    EXPECT_EQ(choice(b, PModule::Diffusion).plan.devices[0].device, "CUDA0");
-    EXPECT_NEAR(choice(b, PModule::Diffusion).seconds, (28.0 * 256 + 64) * MiB / 1e9 + 40 * 1e14 / 5e13, 1e-6);
+    EXPECT_EQ(fit_choice(b, PModule::Diffusion).plan.devices[0].device, "CUDA0");
+    EXPECT_NEAR(fit_choice(b, PModule::Diffusion).seconds, (28.0 * 256 + 64) * MiB / 1e9 + 40 * 1e14 / 5e13, 1e-6);
     FitResult c = plan(0, 0);
-    EXPECT_EQ(choice(c, PModule::Diffusion).plan.devices[0].device, "CUDA0");
+    EXPECT_EQ(fit_choice(c, PModule::Diffusion).plan.devices[0].device, "CUDA0");
 }
 
 // Two 6 GiB cards, 32 GiB RAM, a 7.06 GiB DiT (28 x 256 MiB + 64 MiB) that fits neither card:
@@ -241,7 +230,7 @@ TEST(AutoFitSpeed, MeasuredBandwidthAgainstFlopsDecideTheStreamingCard) {
     const double resident = 5184.0 * MiB, streamed = 2112.0 * MiB;
     for (double F : {1e12, 1e14}) {
         FitResult r = plan(F);
-        const FitChoice& d = choice(r, PModule::Diffusion);
+        const FitChoice& d = fit_choice(r, PModule::Diffusion);
         ASSERT_EQ(d.tier, Tier::HostStreamed) << F;
         uint64_t per_eval = 0, staged = 0;
         for (auto& s : d.plan.segments) (s.per_eval ? per_eval : staged) += s.param_bytes;
