@@ -12,6 +12,7 @@
 #include "placement/plan.h"
 #include "placement/row_split.h"
 #include "placement/spec.h"
+#include "placement_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -104,17 +105,7 @@ ZOut run_zimage(std::shared_ptr<const placement::PlacementSpec> spec, models::Fa
 void expect_peaks_near_prediction(const models::Family& fam, const std::string& what) {
     auto plans = fam.placement_plans();
     ASSERT_FALSE(plans.empty()) << what;
-    auto predicted = placement::device_peaks(plans);
-    auto measured = fam.placement_peaks();
-    for (auto& [d, p] : predicted) {
-        ASSERT_TRUE(measured.count(d)) << what << ": no measured peak on " << d;
-        const double m = (double)measured.at(d);
-        EXPECT_LE(m, 1.1 * (double)p) << what << " on " << d << ": measured " << m << " predicted " << p;
-        EXPECT_GE(m, 0.9 * (double)p) << what << " on " << d << ": measured " << m << " predicted " << p;
-        for (auto& pl : plans)
-            for (auto& u : pl.devices)
-                if (u.device == d && u.budget) EXPECT_LE(m, (double)u.budget) << what << " on " << d;
-    }
+    test_support::expect_peaks_within_10_percent(plans, fam.placement_peaks(), what);
 }
 
 }  // namespace

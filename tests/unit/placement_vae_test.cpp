@@ -14,6 +14,7 @@
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/spec.h"
+#include "placement_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -83,17 +84,7 @@ const placement::ModulePlan* vae_plan(const std::vector<placement::ModulePlan>& 
 void expect_peaks_near_prediction(const models::Family& fam, const std::string& what) {
     auto plans = fam.placement_plans();
     ASSERT_NE(vae_plan(plans), nullptr) << what;
-    auto predicted = placement::device_peaks(plans);
-    auto measured = fam.placement_peaks();
-    for (auto& [d, p] : predicted) {
-        ASSERT_TRUE(measured.count(d)) << what << ": no measured peak on " << d;
-        const double m = (double)measured.at(d);
-        EXPECT_LE(m, 1.1 * (double)p) << what << " on " << d << ": measured " << m << " predicted " << p;
-        EXPECT_GE(m, 0.9 * (double)p) << what << " on " << d << ": measured " << m << " predicted " << p;
-        for (auto& pl : plans)
-            for (auto& u : pl.devices)
-                if (u.device == d && u.budget) EXPECT_LE(m, (double)u.budget) << what << " on " << d;
-    }
+    test_support::expect_peaks_within_10_percent(plans, fam.placement_peaks(), what);
 }
 
 std::string gib(uint64_t bytes) { return std::to_string((double)bytes / (1024.0 * 1024.0 * 1024.0)); }
