@@ -13,6 +13,7 @@
 #include "placement/plan.h"
 #include "placement/row_split.h"
 #include "runtime/sequence_runner.h"
+#include "row_split_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -38,13 +39,9 @@ namespace {
 
 const std::filesystem::path kRef = std::filesystem::path(EASEL_TEST_DATA) / "reference";
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    if (a.size() != b.size()) return INFINITY;
-    float m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
-}
+using test_support::max_abs_diff;
+using test_support::run_planned;
+using test_support::RunResult;
 
 /// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h; ports apart from the other tests').
 easel::test_support::RpcServers& rpc() {
@@ -102,31 +99,12 @@ struct ZCase {
 
 using ZRunner = runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*>;
 
-struct RunResult {
-    std::vector<float> out;
-    placement::ModulePlan plan;
-    std::map<std::string, uint64_t> peaks;
-};
-
 RunResult run_zimage(ZCase& z, const std::vector<std::string>& devices, placement::SplitMode mode, bool rules = true) {
     ZRunner r(z.net, z.net, z.src, z.opt(), 2);
     if (rules) r.set_row_split(placement::zimage_row_split_rules(z.net));
     auto mk = [&](runtime::GraphBuilder& g) { return z.inputs(g); };
     auto sel = [](ggml_tensor*& o) { return std::vector<ggml_tensor*>{o}; };
-    placement::ModulePlacement place;
-    place.devices = devices;
-    place.split = mode;
-    RunResult res;
-    res.plan = placement::plan_module(PModule::Diffusion, place, false, r.costs(mk, sel, "Z-Image DiT"), {});
-    r.load(res.plan);
-    r.begin_phase();
-    auto o1 = r.run(mk, sel);
-    auto o2 = r.run(mk, sel);  // a second evaluation on the same graphs' buffers gives the same bits
-    r.end_phase();
-    EXPECT_EQ(o1.at(0).data, o2.at(0).data);
-    res.out = o1.at(0).data;
-    res.peaks = r.peaks();
-    return res;
+    return run_planned(r, PModule::Diffusion, devices, mode, mk, sel, "Z-Image DiT");  // (a second evaluation gives the same bits)
 }
 
 /// Each device's measured peak within its prediction (+ 64 KiB for the alignment of the weights'

@@ -20,6 +20,7 @@
 #include "placement/row_split.h"
 #include "placement/spec.h"
 #include "runtime/sequence_runner.h"
+#include "row_split_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -44,19 +45,9 @@ easel::test_support::RpcServers& rpc() {
     return s;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    if (a.size() != b.size()) return INFINITY;
-    float m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
-}
-
-struct RunResult {
-    std::vector<float> out;
-    placement::ModulePlan plan;
-    std::map<std::string, uint64_t> peaks;
-};
+using test_support::max_abs_diff;
+using test_support::run_planned;
+using test_support::RunResult;
 
 /// |measured - predicted| within 10% of the prediction (issues 5 and 9). The plan's all-reduce
 /// staging is the largest partial sum of the blocks' graph (ModuleCosts::row_split_partial_bytes),
@@ -77,27 +68,6 @@ void check_peaks(const RunResult& row, const std::string& what) {
                     p / kMiB, 100.0 * (m - p) / p);
         EXPECT_TRUE(near(m, p)) << what << " on " << d << ": measured " << m << " predicted " << p;
     }
-}
-
-/// Plans `place` for a module (costs from `r`), loads and runs it twice (the second run on the
-/// same buffers must give the same bits).
-template <class Runner, class Mk, class Sel>
-RunResult run_planned(Runner& r, PModule m, const std::vector<std::string>& devices, placement::SplitMode mode, Mk mk, Sel sel,
-                      const char* label) {
-    placement::ModulePlacement place;
-    place.devices = devices;
-    place.split = mode;
-    RunResult res;
-    res.plan = placement::plan_module(m, place, false, r.costs(mk, sel, label), {});
-    r.load(res.plan);
-    r.begin_phase();
-    auto o1 = r.run(mk, sel);
-    auto o2 = r.run(mk, sel);
-    r.end_phase();
-    EXPECT_EQ(o1.at(0).data, o2.at(0).data) << label;
-    res.out = o1.at(0).data;
-    res.peaks = r.peaks();
-    return res;
 }
 
 // ---------------------------------------------------------------- Qwen3 (tests/data/reference/qwen3_text_tiny)
