@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <ggml-backend.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -173,6 +174,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
 
     // modules, their measurements cached per shape
     std::vector<std::unique_ptr<MeasureCache>> caches;
+    std::vector<std::string> work;  // FLOPs per evaluation, per module (for the reasons)
     const double cfg = req.job.cfg ? 2.0 : 1.0;
     for (auto& c : costs) {
         FitModule m;
@@ -184,6 +186,11 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
             key.push_back(file_stamp(*path));
         caches.push_back(std::make_unique<MeasureCache>(cache_dir, key));
         m.costs.measure = caches.back()->wrap(c.measure);
+        if (c.flops) {  // the work of one evaluation, counted from its graph (cached with the buffers)
+            const int n = (int)c.block_bytes.size();
+            m.flops_per_eval = (double)caches.back()->value("flops", [&] { return (uint64_t)std::llround(c.flops(0, n, true, true)); });
+            work.push_back(fmt::format("{} {:.3g} GFLOP", pmodule_name(c.module), m.flops_per_eval / 1e9));
+        }
         if (c.measure_tile) {  // the VAE decoder: tiles measured (and cached) as the planner asks
             m.measure_tile = caches.back()->wrap_tile(c.measure_tile);
             m.latent_w = (int)(c.latent_w > 0 ? c.latent_w : w);
@@ -239,6 +246,8 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     }
     fit.reasons.push_back(bench ? fmt::format("device speeds (matmul, host-to-device): {}", fmt::join(speeds, "; "))
                                 : "device speeds: not measured (EASEL_AUTOFIT_BENCH=0): the cost model's defaults by device type");
+    if (!work.empty())
+        fit.reasons.push_back(fmt::format("work per evaluation (matmul FLOPs counted from the graphs at this job's shapes): {}", fmt::join(work, "; ")));
     int hits = 0, misses = 0;
     for (auto& c : caches) hits += c->hits(), misses += c->misses();
     fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} from the cache{}", misses, hits,

@@ -334,6 +334,7 @@ public:
         em.module = m.module;
         em.costs = ec;
         em.evals = 1;
+        if (ec.flops) em.flops_per_eval = ec.flops(0, (int)ec.block_bytes.size(), true, true);
         c.seconds += seconds(em, p, vae_tile);
         c.encode_plan = std::move(p);
         return true;

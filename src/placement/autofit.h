@@ -43,7 +43,9 @@
 //           ceil(log2 members) steps, each over the slower member's link (1/bw(a) + 1/bw(b))
 //   total = load + evals x per eval.
 // FLOP/s and host-to-device bandwidth come from FitDevice (measured at plan time by
-// measure_device_speed, cached by DeviceSpeedCache), else defaults by device type.
+// measure_device_speed, cached by DeviceSpeedCache), else defaults by device type; the FLOPs of
+// an evaluation from FitModule::flops_per_eval (the CLI: ModuleCosts::flops, the matmul FLOPs
+// counted from the module's graph by runtime::graph_flops).
 #pragma once
 
 #include "placement/plan.h"
