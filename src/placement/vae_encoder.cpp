@@ -94,7 +94,14 @@ std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int thr
 }
 
 ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets) {
-    ModulePlan p = plan_module(PModule::Vae, spec[PModule::Vae], false, costs, budgets);
+    ModulePlan p;
+    try {
+        p = plan_module(PModule::Vae, spec[PModule::Vae], false, costs, budgets);
+    } catch (const Error& e) {
+        // say that it is the image encode (the decoder under the same entry may fit)
+        if (e.kind() != ErrorKind::OutOfMemory) throw;
+        fail(ErrorKind::OutOfMemory, "the image encode ({} stage, the VAE encoder): {}", kVaeEncodeStage, e.what());
+    }
     p.stage = kVaeEncodeStage;
     return p;
 }

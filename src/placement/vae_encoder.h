@@ -62,7 +62,8 @@ std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int thr
 
 /// The plan of the encode stage from its costs (encode_stage_costs): plan_module under spec's
 /// `vae` entry and `budgets` (no streaming), with ModulePlan::stage = kVaeEncodeStage. Throws as
-/// plan_module.
+/// plan_module; its Error(OutOfMemory) message is prefixed "the image encode (vae-encode stage,
+/// the VAE encoder): ".
 ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets);
 
 /// The tiling a family plans its VAE graphs at: tiles of `tile_cells` latent cells (0 = whole,

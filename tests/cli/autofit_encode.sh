@@ -44,8 +44,8 @@ echo "     decoder $dec MiB, encoder $encn MiB on RPC0: cap $cap MiB"
 # the decoder's placement alone does not fit the encode stage: refused before anything runs
 if "$easel" plan "${job[@]}" $one --backend "te=RPC0,diffusion=RPC0,vae=RPC0" --max-vram "RPC0=$capg" >"$tmp/untiled.log" 2>&1; then
   fail "vae whole on RPC0 under a $cap MiB cap was planned, but its encoder needs $encn MiB"
-elif ! grep -q "vae" "$tmp/untiled.log"; then
-  fail "the refusal does not name the vae: $(tail -1 "$tmp/untiled.log")"
+elif ! grep -q "the image encode (vae-encode stage, the VAE encoder): vae needs" "$tmp/untiled.log"; then
+  fail "the refusal does not name the image encode: $(tail -1 "$tmp/untiled.log")"
 else
   echo "ok   untiled vae on RPC0 refused: $(grep -i "error" "$tmp/untiled.log" | head -1 | cut -c1-160)"
 fi
