@@ -11,6 +11,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
+source "$(dirname "$0")/lib/autofit.bash"  # uncapped_need
 start_rpc_pair 59000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
 
@@ -43,13 +44,7 @@ for size in 64 128 256; do
   job=(-m "$model" -p "a cat" -W "$size" -H "$size" --steps 2 -s 1 -t 1 --cache-dir "$cache")
   "$easel" generate "${job[@]}" --backend cpu -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" ||
     { echo "FAIL plain run at $size: $(tail -1 "$tmp/plain.log")"; fails=$((fails + 1)); continue; }
-  "$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/need.log" 2>&1
-  need=$(awk '$1 ~ /^RPC[01]/ && NF == 2 && $2 > n { n = $2 } END { if (n) print n }' "$tmp/need.log")
-  if [ -z "$need" ]; then
-    echo "FAIL uncapped plan at $size: $(tail -1 "$tmp/need.log")"
-    fails=$((fails + 1))
-    continue
-  fi
+  uncapped_need "$size" || continue  # $need (MiB)
   for fr in "- -" "0.6 0.6" "0.35 0.35" "0.3 0.8"; do
     set -- $fr
     c0=- c1=- mv=""

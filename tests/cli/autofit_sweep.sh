@@ -25,6 +25,7 @@ easel="$1"
 data="$2"
 model="$data/reference/zimage_tiny/diffusers"
 source "$(dirname "$0")/lib/rpc.bash"
+source "$(dirname "$0")/lib/autofit.bash"  # uncapped_need
 start_rpc_pair 62000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
 points="${AUTOFIT_SWEEP_POINTS:-256:0.6 256:0.3 512:0.3:0 1024:0.3:0 2048:0.3:0}"
@@ -61,13 +62,7 @@ for point in $points; do
   overlap="${overlap:-0.5}"
   t_point=$(now)
   job=(-m "$model" -p "a cat" -W "$size" -H "$size" --steps 1 --cfg-scale 1 -s 1 -t 1 --cache-dir "$cache" --vae-tile-overlap "$overlap")
-  "$easel" plan "${job[@]}" $rpc --auto-fit >"$tmp/need.log" 2>&1
-  need=$(awk '$1 ~ /^RPC[01]/ && NF == 2 && $2 > n { n = $2 } END { if (n) print n }' "$tmp/need.log")
-  if [ -z "$need" ]; then
-    echo "FAIL uncapped plan at $size: $(tail -1 "$tmp/need.log")"
-    fails=$((fails + 1))
-    continue
-  fi
+  uncapped_need "$size" || continue  # $need (MiB)
   cap=$(awk -v n="$need" -v f="$fraction" 'BEGIN { printf "%.2f", n * f }')
   mv="RPC0=$(awk -v m="$cap" 'BEGIN { printf "%.6f", m / 1024 }'),RPC1=$(awk -v m="$cap" 'BEGIN { printf "%.6f", m / 1024 }')"
   name="auto-fit ${size}x${size}, RPC caps $cap MiB ($fraction of $need), overlap $overlap"
