@@ -35,7 +35,6 @@ constexpr uint64_t kSlack = 8 << 10;
 double mib(uint64_t b) { return (double)b / kMiB; }
 /// "9480" for large sizes, "1.74" for small ones (the tiny test models are a few MiB).
 std::string mibs(uint64_t b) { return b >= 100 * kMiB ? fmt::format("{:.0f}", mib(b)) : fmt::format("{:.2f}", mib(b)); }
-double gib(uint64_t b) { return (double)b / kGiB; }
 
 /// Defaults of the cost model where a device gives no figure (orders of magnitude: a PCIe 4
 /// x16 link moves ~12 GB/s; loopback RPC ~1 GB/s; a discrete GPU ~20 TFLOP/s in f16, a desktop
