@@ -15,6 +15,7 @@
 #include "placement/row_split.h"
 #include "placement/spec.h"
 #include "autofit_test_support.h"
+#include "row_split_test_support.h"
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
@@ -31,6 +32,7 @@ namespace {
 
 using test_support::fit_choice;
 using test_support::fit_device;
+using test_support::max_abs_diff;
 
 constexpr uint64_t MiB = 1ull << 20;
 constexpr uint64_t GiB = 1ull << 30;
@@ -243,14 +245,6 @@ ZOut run(models::Family& fam) {
     fam.diffusion(x, {}, h, w, 700.0, pos, o.v_pos);
     fam.diffusion(x, {}, h, w, 700.0, neg, o.v_neg);
     return o;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    if (a.size() != b.size()) return INFINITY;
-    float m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Helpers of the --split-mode row tests (row_split_test.cpp: Z-Image DiT and SD UNet;
-// te_row_split_test.cpp: Qwen3 and T5): a module planned, loaded and run under a placement, and
-// the largest element-wise difference of two outputs.
+// te_row_split_test.cpp: Qwen3 and T5; autofit_row_split_test.cpp's max_abs_diff): a module
+// planned, loaded and run under a placement, and the largest element-wise difference of two outputs.
 #pragma once
 
 #include "placement/plan.h"
