@@ -7,7 +7,7 @@
 # flag naming both; fails=0 for the caller's count. Each script takes its own BASE, 800 ports
 # apart from the others': 52000 placement, 59000 autofit, 60000 placement_zimage, 60800
 # placement_flux, 61000 placement_vae, 62000 autofit_sweep; smaller ranges: 50000 placement_taesd
-# (50 pairs), 65500 placement_vae_encode (17 pairs, ports end at 65535) (and the unit tests',
+# (50 pairs), 50200 autofit_encode (20 pairs), 65500 placement_vae_encode (17 pairs, ports end at 65535) (and the unit tests',
 # tests/unit/rpc_servers.h).
 start_rpc_pair() {
   tmp=$(mktemp -d)
