@@ -7,6 +7,7 @@
 #include "models/family.h"
 #include "pipeline/cache.h"
 #include "pipeline/generate.h"
+#include "pipeline/stages.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 
@@ -91,6 +92,9 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     fo.weight_type = p.weight_type;
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;
+    pipeline::check_vae_tiling(p);  // (a malformed --vae-tile-size is refused as without --auto-fit)
+    if (!p.load_latent.empty() && !p.init_img.empty())
+        fail(ErrorKind::InvalidInput, "give either -i IMAGE or --load-latent INIT, not both");
     // the encode stage (-i, -r): planned at the images' sizes, as generate runs it
     const pipeline::EncodeSizes enc = pipeline::encode_image_sizes(p);
     fo.vae_encode_sizes = enc.init;
@@ -98,7 +102,12 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     auto fam = models::open_family(files, fo);
     const int f = fam->latent_format().spatial_factor, mult = fam->size_multiple();
     // generate takes an init image's size (-i) for the job
-    const int W0 = enc.init.empty() ? p.width : (int)enc.init[0].second, H0 = enc.init.empty() ? p.height : (int)enc.init[0].first;
+    int W0 = enc.init.empty() ? p.width : (int)enc.init[0].second, H0 = enc.init.empty() ? p.height : (int)enc.init[0].first;
+    if (!p.load_latent.empty()) {  // ... and a --load-latent latent's (in cells)
+        const pipeline::LoadedLatent z = pipeline::load_latent(p.load_latent, *fam);
+        W0 = (int)z.w * f;
+        H0 = (int)z.h * f;
+    }
     const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
     const int64_t h = H / f, w = W / f;
     auto costs = fam->placement_costs(h, w);
@@ -196,7 +205,9 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
             m.latent_w = (int)(c.latent_w > 0 ? c.latent_w : w);
             m.latent_h = (int)(c.latent_h > 0 ? c.latent_h : h);
         }
-        if (c.module == PModule::Vae && fam->encode_costs(0)) {
+        if (std::optional<ModuleCosts> ec0; c.module == PModule::Vae && (ec0 = fam->encode_costs(0))) {
+            if (ec0->flops)
+                work.push_back(fmt::format("vae encoder {:.3g} GFLOP", ec0->flops(0, (int)ec0->block_bytes.size(), true, true) / 1e9));
             // the encoder (its own stage, the same vae entry): costed per tile the planner tries,
             // each tile's measurements cached under a key of the encoded sizes and the tile
             std::vector<std::string> ekey = key;
@@ -234,6 +245,9 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     PlacementFlags next = fit.flags;  // (its --split-mode names the modules planned as row splits)
     p.placement = next;
     if (fit.vae_tile > 0) {
+        if (p.vae_tiling && pipeline::planned_vae_tile(p) != fit.vae_tile)
+            fit.reasons.push_back(fmt::format("vae: your --vae-tile-size {} replaced by {}x{}, the largest tile that fits", p.vae_tile_size, fit.vae_tile,
+                                              fit.vae_tile));
         p.vae_tiling = true;
         p.vae_tile_size = fmt::format("{}x{}", fit.vae_tile, fit.vae_tile);
     }
@@ -250,7 +264,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         fit.reasons.push_back(fmt::format("work per evaluation (matmul FLOPs counted from the graphs at this job's shapes): {}", fmt::join(work, "; ")));
     int hits = 0, misses = 0;
     for (auto& c : caches) hits += c->hits(), misses += c->misses();
-    fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} from the cache{}", misses, hits,
+    fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} answered from the cache (the file, or an earlier measurement of this plan){}", misses, hits,
                                       cache_dir.empty() ? " (--no-cache)" : " (" + (cache_dir / "autofit").string() + ")"));
     return fit;
 }

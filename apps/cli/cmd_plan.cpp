@@ -9,6 +9,7 @@
 #include "models/family.h"
 #include "pipeline/generate.h"
 #include "pipeline/memory_check.h"
+#include "pipeline/stages.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 
@@ -78,7 +79,12 @@ EASEL_COMMAND(
             const int mult = fam->size_multiple();
             if (p->width <= 0 || p->height <= 0) fail(ErrorKind::InvalidInput, "size {}x{} must be positive", p->width, p->height);
             // generate takes an init image's size (-i) for the job
-            const int W0 = enc.init.empty() ? p->width : (int)enc.init[0].second, H0 = enc.init.empty() ? p->height : (int)enc.init[0].first;
+            int W0 = enc.init.empty() ? p->width : (int)enc.init[0].second, H0 = enc.init.empty() ? p->height : (int)enc.init[0].first;
+            if (!p->load_latent.empty()) {  // ... and a --load-latent latent's
+                const pipeline::LoadedLatent z = pipeline::load_latent(p->load_latent, *fam);
+                W0 = (int)z.w * f;
+                H0 = (int)z.h * f;
+            }
             const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
             fmt::print("{}: {}\n", fam->name(), fam->describe());
             fmt::print("placement: {}\n", placement::describe(*spec));

@@ -2,6 +2,7 @@
 // Each takes generate's model and sampling flags (generate_options.h) with the same meaning,
 // loads only the modules its stage needs, writes its result as an artifact file
 // (docs/artifacts.md), frees its modules and prints the files it wrote, one per line.
+#include "autofit_cli.h"
 #include "command.h"
 #include "generate_options.h"
 
@@ -27,6 +28,8 @@ std::function<std::function<int()>(CLI::App&)> stage_command(pipeline::Stage sta
             auto progress = [](int image, int step, int steps, double dt) {
                 log::info("image {} step {}/{}: {:.3f} s", image + 1, step, steps, dt);
             };
+            if (p->placement.auto_fit)  // --auto-fit: as `easel generate --stage ... --auto-fit` plans it
+                log::info("{}", placement::format_fit(cli::apply_auto_fit(*p)));
             for (auto& f : pipeline::run_stage(stage, *p, progress)) std::printf("%s\n", f.c_str());
             return 0;
         };

@@ -192,7 +192,7 @@ int vae_tile_cells(const GenerateParams& p) {
 
 /// --vae-tiling's tile and overlap checked before anything runs (the decode would otherwise
 /// fail only after the denoising): overlap in [0, 1), and a tile that still advances.
-void check_vae_tiling(const GenerateParams& p) {
+void check_vae_tiling_impl(const GenerateParams& p) {
     if (!p.vae_tiling) return;
     const int cells = vae_tile_cells(p);
     const float ov = p.vae_tile_overlap;
@@ -648,6 +648,8 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
 
 int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
 
+void check_vae_tiling(const GenerateParams& p) { check_vae_tiling_impl(p); }
+
 std::string find_demo_model() {
     if (const char* env = std::getenv("EASEL_DEMO_MODEL"); env && *env) return env;
     std::error_code ec;
@@ -679,7 +681,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     warn_output_pattern(p.output);
     for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
     prepare_checkpoint_dir(p);
-    check_vae_tiling(p);
+    check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
 

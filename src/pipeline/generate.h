@@ -53,6 +53,11 @@ std::string find_demo_model();
 /// Error(InvalidInput) for a malformed --vae-tile-size.
 int planned_vae_tile(const GenerateParams& p);
 
+/// --vae-tiling's --vae-tile-size and --vae-tile-overlap checked (overlap in [0, 1), a tile that
+/// still advances); nothing without --vae-tiling. Throws Error(InvalidInput) naming the flag and
+/// the fix.
+void check_vae_tiling(const GenerateParams& p);
+
 /// The images a job encodes with the VAE encoder, {H, W} pixels as the files give them.
 struct EncodeSizes {
     std::vector<std::pair<int64_t, int64_t>> init;        ///< -i (at most one)

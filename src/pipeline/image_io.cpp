@@ -32,6 +32,9 @@ namespace easel::pipeline {
 namespace {
 
 std::vector<uint8_t> read_file(const std::filesystem::path& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        fail(ErrorKind::InvalidInput, "{} is a folder, not an image: pass an image file (PNG, JPEG, BMP, ...)", path.string());
     std::ifstream f(path, std::ios::binary);
     if (!f) fail(ErrorKind::Io, "cannot open image {}; check that the file exists and is readable", path.string());
     f.seekg(0, std::ios::end);

@@ -787,9 +787,19 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         P.set_budgets(saved_budgets);
         if (cands[k].empty()) {
             const Shortfall& s = shorts[k];
-            if (s.need == 0)
-                fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; try a quantised --type or other devices", mn,
-                     s.what.empty() ? "no device can run it" : s.what);
+            if (s.need == 0) {
+                if (!req.pinned_devices[(size_t)m.module].empty() || req.pinned_params[(size_t)m.module])
+                    fail(ErrorKind::OutOfMemory,
+                         "--auto-fit: nothing fits {} where your --backend/--params-backend entry puts it ({}){}; drop that entry to let "
+                         "--auto-fit choose, or raise --max-vram",
+                         mn, s.what.empty() ? join_devices(req.pinned_devices[(size_t)m.module]) : s.what,
+                         m.module == PModule::Vae && req.pinned_devices[(size_t)m.module].size() > 1
+                             ? " (cutting the VAE into layers hardly shrinks its compute buffer: another device order or --vae-tiling may fit)"
+                             : "");
+                fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; {}", mn, s.what.empty() ? "no device can run it" : s.what,
+                     m.module == PModule::Vae ? "try --vae-on-cpu or other devices (VAE weights stay F32 whatever --type says)"
+                                              : "try a quantised --type or other devices");
+            }
             fail(ErrorKind::OutOfMemory,
                  "--auto-fit: nothing fits {}: the closest plan ({}) needs {} MiB of {} but {} MiB are available (short {} MiB); "
                  "cheapest change: {}",
@@ -876,8 +886,10 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
                 break;
             case Tier::HostStreamed: why = "does not fit any single device whole; host RAM holds the weights"; break;
             case Tier::LayerSplit:
-                why = c.place.split == SplitMode::Row ? "fits neither one device nor host RAM streaming; split by rows (--split-mode row)"
-                                                      : "fits neither one device nor host RAM streaming; split by layers";
+                why = !req.pinned_devices[(size_t)m.module].empty() && req.pinned_devices[(size_t)m.module].size() > 1
+                          ? "split over the devices your --backend entry names"
+                      : c.place.split == SplitMode::Row ? "fits neither one device nor host RAM streaming; split by rows (--split-mode row)"
+                                                        : "fits neither one device nor host RAM streaming; split by layers";
                 break;
             case Tier::Disk: {
                 bool per = false;

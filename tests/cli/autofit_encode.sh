@@ -89,5 +89,28 @@ if run_fit "auto-fit img2img, RPC0 capped, RPC1 free" "$rpc"; then
   if grep -q -- "--vae-tiling" <<<"$flags"; then fail "RPC1 free: expected no tiling, got: $flags"; fi
 fi
 
+# the stage command plans with --auto-fit too: `easel encode-image` under the cap, its peak the prediction
+if "$easel" encode-image -m "$model" -i "$tmp/init.png" -t 1 $one --auto-fit --max-vram "RPC0=$capg" --save-latent "$tmp/lat.safetensors" >"$tmp/enc.log" 2>&1 &&
+  grep -q "^auto-fit plan" "$tmp/enc.log"; then
+  row=$(awk '/measured beside the plan.s prediction/ { t = 1; next } t && $1 ~ /^RPC0/ && NF == 3 { print $2, $3; exit }' "$tmp/enc.log")
+  if [ -n "$row" ] && awk -v r="$row" -v cap="$cap" 'BEGIN { split(r, a, " "); exit !(a[1] == a[2] && a[2] <= cap) }'; then
+    echo "ok   encode-image --auto-fit: RPC0 predicted/measured $row MiB, cap $cap"
+  else
+    fail "encode-image --auto-fit: RPC0 predicted/measured '${row:-none}' (cap $cap)"
+  fi
+else
+  fail "encode-image --auto-fit: $(grep -i -m1 error "$tmp/enc.log" || echo 'no auto-fit plan printed')"
+fi
+# --load-latent: auto-fit plans at the latent's size (256 px here), not at -W/-H's default 512, whose
+# UNet would not fit the cap (before: planned at 512 and refused)
+if [ -f "$tmp/lat.safetensors" ]; then
+  if "$easel" plan -m "$model" -p "a cat" $one --auto-fit --max-vram "RPC0=$capg" --load-latent "$tmp/lat.safetensors" >"$tmp/ll.log" 2>&1 &&
+    grep -q "^job: 256x256 pixels" "$tmp/ll.log" && grep -q "^  diffusion: tier [12] " "$tmp/ll.log"; then
+    echo "ok   plan --auto-fit --load-latent: $(grep -m1 '^job:' "$tmp/ll.log"); $(grep -m1 '^  diffusion: tier' "$tmp/ll.log" | cut -c1-60)"
+  else
+    fail "plan --auto-fit --load-latent: $(grep -m1 -E '^job:|error' "$tmp/ll.log")"
+  fi
+fi
+
 [ "$fails" -eq 0 ] && echo "autofit_encode: all checks passed"
 exit $((fails > 0))

@@ -183,5 +183,13 @@ check "-o with %s: kept as written, warned" $? "$(cat "$tmp/err.txt")"
 grep -q "using the latent's size 64x64" "$tmp/err.txt"
 check "--load-latent 64x64 with -W/-H 128: 'using the latent's size 64x64'" $? "$(cat "$tmp/err.txt")"
 
+# tryout 17: a folder as -i / --mask said "out of host memory"; --auto-fit replaced a malformed
+# --vae-tile-size with its own instead of refusing it
+mkdir -p "$tmp/adir"
+expect_refused "generate -i FOLDER" "is a folder, not an image" generate -m "$sd" -p x --steps 1 -t 1 -i "$tmp/adir" -o "$tmp/out.png"
+expect_refused "plan -i FOLDER" "is a folder, not an image" plan -m "$sd" -p x -i "$tmp/adir"
+expect_refused "plan --auto-fit --vae-tile-size abc" "--vae-tile-size abc: expected [X]x[Y]" plan -m "$sd" -p x --auto-fit --vae-tiling --vae-tile-size abc
+expect_refused "generate --auto-fit --vae-tile-overlap 1" "--vae-tile-overlap 1 is outside [0, 1)" generate -m "$sd" -p x --steps 1 -t 1 --auto-fit --vae-tiling --vae-tile-overlap 1 -o "$tmp/out.png"
+
 [ "$fails" -eq 0 ] && echo "all bad input checks passed" || echo "$fails bad input checks failed"
 [ "$fails" -eq 0 ]

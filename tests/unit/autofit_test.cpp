@@ -502,6 +502,29 @@ TEST(AutoFit, ImageEncodeThatFitsNowhereIsNamed) {
     }
 }
 
+// A VAE pinned to a device list that cannot hold it: the message blames the user's entry and
+// names the way out (drop the entry, another order, tiling), not a --type that cannot shrink a
+// VAE. Two 1 GiB cards; a VAE of blocks of 700 and 100 MiB with a 400 MiB compute buffer: its
+// total (1200 MiB) is below the two budgets (2048 MiB), so no shortfall is known, but the device
+// holding the 700 MiB block needs 1100 MiB > 1024 in any split.
+TEST(AutoFit, PinnedVaeListThatCannotHoldItBlamesTheEntry) {
+    FitRequest req;
+    req.devices = {gpu("CUDA0", 1 * GiB), gpu("CUDA1", 1 * GiB)};
+    req.modules = {module(PModule::Vae, 2, 100 * MiB, 0, 400 * MiB, 0, 1)};
+    req.modules[0].costs.block_bytes[0] = 700 * MiB;
+    req.pinned_devices[(size_t)PModule::Vae] = {"CUDA0", "CUDA1"};
+    try {
+        auto_fit(req);
+        FAIL() << "expected OutOfMemory";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("nothing fits vae"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("--backend"), std::string::npos) << msg;
+        EXPECT_EQ(msg.find("quantised --type"), std::string::npos) << msg;
+    }
+}
+
 // Explicit --backend entries are kept: te pinned to the CPU stays there while the planner
 // fills in the rest (diffusion and VAE resident on the card).
 TEST(AutoFit, ExplicitEntriesAreKept) {
