@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include <unistd.h>
@@ -423,6 +424,21 @@ TEST(AutoFit, VaeTilingPlannedUpFront) {
     EXPECT_NE(r.flags_line.find("--vae-tiling --vae-tile-size 96x96"), std::string::npos);
 }
 
+/// A made-up VAE encoder for FitModule::encode_costs: 140 MiB of weights outside any block and
+/// the compute buffer comp(tile) (tile 0 = the whole image); each tile asked is appended to
+/// `asked` when given.
+static std::function<ModuleCosts(int)> encoder_costs(std::function<uint64_t(int)> comp, std::vector<int>* asked = nullptr) {
+    return [comp, asked](int tile) {
+        if (asked) asked->push_back(tile);
+        ModuleCosts c;
+        c.module = PModule::Vae;
+        c.label = "VAE encoder";
+        c.prologue_bytes = 140 * MiB;
+        c.measure = [b = comp(tile)](int, int, bool, bool, const std::string&) { return b; };
+        return c;
+    };
+}
+
 // An img2img job's VAE encoder runs in its own stage under the decoder's `vae` entry, so a VAE
 // placement counts only when the encoder fits it too. 6 GiB card, latent 128x128 cells:
 //  - decoder whole: 160 MiB + 2 GiB compute: fits; tiles of t cells: t^2 x 0.25 MiB;
@@ -438,16 +454,7 @@ TEST(AutoFit, ImageEncodeFitsTheVaePlacement) {
     vae.latent_w = vae.latent_h = 128;
     vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
     std::vector<int> asked;
-    vae.encode_costs = [&asked](int tile) {
-        asked.push_back(tile);
-        ModuleCosts c;
-        c.module = PModule::Vae;
-        c.label = "VAE encoder";
-        c.prologue_bytes = 140 * MiB;
-        const uint64_t comp = tile == 0 ? 7 * GiB : (uint64_t)tile * tile * MiB / 2;
-        c.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
-        return c;
-    };
+    vae.encode_costs = encoder_costs([](int t) { return t == 0 ? 7 * GiB : (uint64_t)t * t * MiB / 2; }, &asked);
     FitResult r = auto_fit(req);
     const FitChoice& v = choice(r, PModule::Vae);
     EXPECT_EQ(v.tier, Tier::TimeShared);
@@ -481,14 +488,7 @@ TEST(AutoFit, ImageEncodeThatFitsNowhereIsNamed) {
     FitModule& vae = req.modules[2];
     vae.latent_w = vae.latent_h = 128;
     vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
-    vae.encode_costs = [](int tile) {
-        ModuleCosts c;
-        c.module = PModule::Vae;
-        c.prologue_bytes = 140 * MiB;
-        const uint64_t comp = tile == 0 ? 7 * GiB : 8 * GiB;
-        c.measure = [comp](int, int, bool, bool, const std::string&) { return comp; };
-        return c;
-    };
+    vae.encode_costs = encoder_costs([](int t) { return t == 0 ? 7 * GiB : 8 * GiB; });
     try {
         auto_fit(req);
         FAIL() << "expected OutOfMemory";
