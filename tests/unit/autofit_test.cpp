@@ -83,6 +83,19 @@ std::vector<FitModule> job(uint64_t te_gib_x4, int dit_blocks, uint64_t dit_bloc
             module(PModule::Vae, 0, 0, 160 * MiB, vae_comp, 0, 1)};
 }
 
+/// The message of the Error(OutOfMemory) auto_fit(req) throws; "" (with a test failure) when it
+/// returns a plan or throws another kind.
+std::string oom_message(const FitRequest& req) {
+    try {
+        auto_fit(req);
+        ADD_FAILURE() << "expected OutOfMemory, got a plan";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory) << e.what();
+        return e.what();
+    }
+    return "";
+}
+
 }  // namespace
 
 // 24 GB card: te 4 GiB + DiT 7.06 GiB + VAE 0.16 GiB (+ compute 0.1 + 0.2 + 2 GiB) = 13.5 GiB at
@@ -379,12 +392,8 @@ TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
     req.devices = {cpu(6 * GiB), gpu("CUDA0", 8 * GiB)};
     req.modules = job(8, 2, 4608 * MiB, 300 * MiB);
     req.modules[1].param_count = (2 * 4608 * MiB + 64 * MiB) / 2;
-    try {
-        auto_fit(req);
-        FAIL() << "expected OutOfMemory";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
-        const std::string m = e.what();
+    {
+        const std::string m = oom_message(req);
         EXPECT_NE(m.find("nothing fits diffusion"), std::string::npos) << m;
         EXPECT_NE(m.find("needs 9480 MiB of CUDA0 but 8192 MiB are available (short 1288 MiB)"), std::string::npos) << m;
         EXPECT_NE(m.find("--type q8_0"), std::string::npos) << m;
@@ -395,11 +404,8 @@ TEST(AutoFit, NothingFitsNamesSmallestShortfallAndCheapestChange) {
     req.modules = job(8, 2, 3840 * MiB, 300 * MiB);
     req.modules[1].costs.measure = [](int, int, bool, bool, const std::string&) { return 1536 * MiB; };
     req.modules[1].param_count = 0;
-    try {
-        auto_fit(req);
-        FAIL() << "expected OutOfMemory";
-    } catch (const Error& e) {
-        const std::string m = e.what();
+    {
+        const std::string m = oom_message(req);
         // 7744 + 1536 = 9280 MiB of 8192: short 1088; 1536 - 1088 = 448 MiB of compute -> sides x 0.54 -> 512x512
         EXPECT_NE(m.find("short 1088 MiB"), std::string::npos) << m;
         EXPECT_NE(m.find("q8_0"), std::string::npos) << m;  // weights assumed f16: q8_0 saves 3.6 GiB, cheaper than halving the sides
@@ -489,12 +495,8 @@ TEST(AutoFit, ImageEncodeThatFitsNowhereIsNamed) {
     vae.latent_w = vae.latent_h = 128;
     vae.measure_tile = [](int t, const std::string&) { return (uint64_t)t * t * MiB / 4; };
     vae.encode_costs = encoder_costs([](int t) { return t == 0 ? 7 * GiB : 8 * GiB; });
-    try {
-        auto_fit(req);
-        FAIL() << "expected OutOfMemory";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
-        const std::string msg = e.what();
+    {
+        const std::string msg = oom_message(req);
         EXPECT_NE(msg.find("nothing fits vae"), std::string::npos) << msg;
         EXPECT_NE(msg.find("its encoder"), std::string::npos) << msg;
         // the closest miss: the whole encoder, 140 MiB + 7 GiB against 6 GiB
@@ -513,12 +515,8 @@ TEST(AutoFit, PinnedVaeListThatCannotHoldItBlamesTheEntry) {
     req.modules = {module(PModule::Vae, 2, 100 * MiB, 0, 400 * MiB, 0, 1)};
     req.modules[0].costs.block_bytes[0] = 700 * MiB;
     req.pinned_devices[(size_t)PModule::Vae] = {"CUDA0", "CUDA1"};
-    try {
-        auto_fit(req);
-        FAIL() << "expected OutOfMemory";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
-        const std::string msg = e.what();
+    {
+        const std::string msg = oom_message(req);
         EXPECT_NE(msg.find("nothing fits vae"), std::string::npos) << msg;
         EXPECT_NE(msg.find("--backend"), std::string::npos) << msg;
         EXPECT_EQ(msg.find("quantised --type"), std::string::npos) << msg;
