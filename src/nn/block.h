@@ -174,6 +174,17 @@ private:
     ggml_backend_buffer_t buf_ = nullptr;
 };
 
+/// Reads the stored values of parameter `name` of a tree (declared as `p`, bound by `src` to the
+/// stored tensor `info`) into `dst`, a tensor of the type choose_param_type chose, in a backend
+/// buffer or in its context's host memory: the source's derivation applied (transpose, row
+/// slice), the dtype converted or quantised. The one path by which every module's weights are
+/// read from a file, whatever the module and the placement (ParamBuffer::load / load_subset for
+/// whole modules and every segment residency, placement::RowSplitDevice for the meta device's
+/// buffers): a weight patch merged at load (a LoRA's scale B A added to W) is applied here.
+/// Throws as io::WeightIndex::load_into / read_f32, Error(Unsupported) for a quantised type
+/// that needs an importance matrix.
+void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst);
+
 /// Checks a Block tree against a source without loading: returns an empty string when
 /// everything matches, else the one-line description ParamBuffer::load() would throw.
 std::string check_binding(Block& root, const TensorSource& src, const LoadOptions& opt = {});

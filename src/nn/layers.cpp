@@ -19,6 +19,12 @@ void need_tensor(const Param* p, const char* what) {
 
 }  // namespace
 
+ggml_tensor* weight_matmul(Ctx& c, const Param& p, ggml_tensor* w, ggml_tensor* x, int64_t row_begin, WeightSide side) {
+    (void)p;
+    (void)row_begin;
+    return side == WeightSide::First ? ggml_mul_mat(c.ctx, w, x) : ggml_mul_mat(c.ctx, x, w);
+}
+
 // ---------------------------------------------------------------- Linear
 
 Linear::Linear(int64_t in_, int64_t out_, bool bias) : in(in_), out(out_) {
@@ -29,7 +35,7 @@ Linear::Linear(int64_t in_, int64_t out_, bool bias) : in(in_), out(out_) {
 ggml_tensor* Linear::forward(Ctx& c, ggml_tensor* x) const {
     need_tensor(w, "Linear");
     if (x->ne[0] != in) fail(ErrorKind::InvalidInput, "Linear expects {} input features (ne[0]), got tensor {}", in, ne_str(x));
-    ggml_tensor* y = ggml_mul_mat(c.ctx, w->tensor, x);
+    ggml_tensor* y = weight_matmul(c, *w, w->tensor, x);
     if (b && b->tensor) y = ggml_add(c.ctx, y, b->tensor);
     return y;
 }
@@ -56,15 +62,16 @@ ggml_tensor* Conv2d::forward(Ctx& c, ggml_tensor* x) const {
         // 1x1 convolution is a matmul over channels: {W*H, C, N} x {C, out}
         ggml_tensor* xt = ggml_cont(c.ctx, ggml_permute(c.ctx, x, 1, 2, 0, 3));  // {C, W, H, N}
         ggml_tensor* w2 = ggml_reshape_2d(c.ctx, w->tensor, in, out);
-        y = ggml_mul_mat(c.ctx, w2, xt);                                       // {out, W, H, N}
+        y = weight_matmul(c, *w, w2, xt);                                      // {out, W, H, N}
         y = ggml_cont(c.ctx, ggml_permute(c.ctx, y, 2, 0, 1, 3));              // {W, H, out, N}
     } else {
         // im2col in the kernel's type (ggml_conv_2d would always round the data to F16), then
         // one matmul: {K*K*C, OW*OH*N} x {K*K*C, out} -> {OW*OH*N, out}
         ggml_tensor* cols = ggml_im2col(c.ctx, w->tensor, x, stride, stride, padding, padding, 1, 1, true, w->tensor->type);
-        ggml_tensor* m = ggml_mul_mat(c.ctx, ggml_reshape_2d(c.ctx, cols, cols->ne[0], cols->ne[1] * cols->ne[2] * cols->ne[3]),
-                                      ggml_reshape_2d(c.ctx, w->tensor, w->tensor->ne[0] * w->tensor->ne[1] * w->tensor->ne[2],
-                                                      w->tensor->ne[3]));
+        ggml_tensor* m = weight_matmul(c, *w,
+                                       ggml_reshape_2d(c.ctx, w->tensor, w->tensor->ne[0] * w->tensor->ne[1] * w->tensor->ne[2],
+                                                       w->tensor->ne[3]),
+                                       ggml_reshape_2d(c.ctx, cols, cols->ne[0], cols->ne[1] * cols->ne[2] * cols->ne[3]), 0, WeightSide::Second);
         y = ggml_reshape_4d(c.ctx, m, cols->ne[1], cols->ne[2], cols->ne[3], out);  // {OW, OH, N, out}
         y = ggml_cont(c.ctx, ggml_permute(c.ctx, y, 0, 1, 3, 2));                     // {OW, OH, out, N}
     }

@@ -18,6 +18,22 @@ struct Ctx {
     ggml_backend_t backend = nullptr;
 };
 
+/// Which operand of ggml_mul_mat the weight is in weight_matmul (the result's layout follows).
+enum class WeightSide {
+    First,   ///< ggml_mul_mat(w, x): w {K, N}, x {K, M...} -> {N, M...} (Linear, 1x1 conv, projections)
+    Second,  ///< ggml_mul_mat(x, w): x {K, M}, w {K, N} -> {M, N} (Conv2d's im2col columns)
+};
+
+/// The one place where a layer's weight parameter meets its input in a graph: today exactly
+/// ggml_mul_mat of `w` and `x` in the order `side` says. `w` is `p`'s tensor or a 2-D view /
+/// reshape of it ({K, N}: K input features, N outputs), holding p's output rows
+/// [row_begin, row_begin + N) (FLUX's fused projections are read as row views). Every Linear,
+/// Conv2d (1x1 and im2col), the UNet's and the VAE's attention projections and the FLUX row
+/// views go through it, for every module and placement (whole, layer split, row split on the
+/// meta device, streamed, from disk): a runtime low-rank term keyed by `p` (LoRA's B (A x)) is
+/// added here. Throws nothing itself (ggml validates the shapes its callers checked).
+ggml_tensor* weight_matmul(Ctx& c, const Param& p, ggml_tensor* w, ggml_tensor* x, int64_t row_begin = 0, WeightSide side = WeightSide::First);
+
 /// torch.nn.Linear: y = x W^T + b. weight [out, in], bias [out]. x: ne = {in, ...}.
 class Linear : public Block {
 public:

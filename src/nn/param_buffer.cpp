@@ -204,7 +204,8 @@ void fill_from_f32(ggml_tensor* dst, const std::vector<float>& v) {
                 fail(ErrorKind::Unsupported, "type {} needs an importance matrix; choose another --type", ggml_type_name(dst->type));
             ggml_quantize_chunk(dst->type, v.data(), buf.data(), 0, ggml_nrows(dst), dst->ne[0], nullptr);
     }
-    ggml_backend_tensor_set(dst, buf.data(), 0, buf.size());
+    if (dst->buffer) ggml_backend_tensor_set(dst, buf.data(), 0, buf.size());
+    else std::memcpy(dst->data, buf.data(), buf.size());  // a tensor in host memory of its context
 }
 
 }  // namespace
@@ -332,6 +333,23 @@ ParamBuffer ParamBuffer::load(Block& root, const TensorSource& src, ggml_backend
     return load_subset(root, src, buft, opt, {});
 }
 
+void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst) {
+    const TensorSource::Derived* d = src.derived(name);
+    if (d && d->transpose) {
+        const io::TensorInfo* st = src.index().find(d->stored);
+        std::vector<float> v = src.index().read_f32(*st);
+        const int64_t rows = st->shape[0], cols = st->shape[1];
+        std::vector<float> tr(v.size());
+        for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j) tr[j * rows + i] = v[i * cols + j];
+        fill_from_f32(dst, tr);
+        return;
+    }
+    io::TensorInfo in = info;
+    in.shape = p.shape;  // shapes may differ by size-1 dims only (checked by bind)
+    src.index().load_into(in, dst);
+}
+
 ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
                                      const LoadOptions& opt, const ParamFilter& keep) {
     BindReport r = bind(root, src, opt);
@@ -350,20 +368,7 @@ ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_
     }
     alloc_buffer(pb.ctx_, buft, pb.buf_);
     for (auto& [tensor, b] : todo) {
-        const TensorSource::Derived* d = src.derived(b->name);
-        if (d && d->transpose) {
-            const io::TensorInfo* st = src.index().find(d->stored);
-            std::vector<float> v = src.index().read_f32(*st);
-            const int64_t rows = st->shape[0], cols = st->shape[1];
-            std::vector<float> tr(v.size());
-            for (int64_t i = 0; i < rows; ++i)
-                for (int64_t j = 0; j < cols; ++j) tr[j * rows + i] = v[i * cols + j];
-            fill_from_f32(tensor, tr);
-        } else {
-            io::TensorInfo info = *b->info;
-            info.shape = b->param->shape;  // shapes may differ by size-1 dims only (checked by bind)
-            src.index().load_into(info, tensor);
-        }
+        read_param(src, b->name, *b->param, *b->info, tensor);
         b->param->tensor = tensor;
     }
     return pb;
