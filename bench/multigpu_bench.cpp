@@ -40,6 +40,7 @@
 #include "io/weight_index.h"
 #include "made_up_weights.h"
 #include "models/zimage/z_image_dit.h"
+#include "models/zimage/z_image_row_split.h"
 #include "pipeline_weights.h"
 #include "placement/autofit.h"
 #include "placement/devices.h"
@@ -194,7 +195,7 @@ int main_impl(int argc, char** argv) {
             fail(ErrorKind::InvalidInput, "unknown mode '{}' (single, ulp, layer, row, capped, autofit)", mode);
         x_in = mode == "ulp" ? &x_ulp : &x;
         runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_tensor*> r(net, net, src, lo, threads, fa);
-        if (mode == "row") r.set_row_split(placement::zimage_row_split_rules(net));
+        if (mode == "row") r.set_row_split(models::zimage::zimage_row_split_rules(net));
         auto costs = r.costs(mk, sel, "Z-Image DiT");
         placement::ModulePlacement place;
         std::map<std::string, uint64_t> budgets;

@@ -1,9 +1,8 @@
 #include "pipeline/cache.h"
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/log.h"
-
-#include <xxhash.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,18 +20,7 @@ fs::path default_cache_dir() {
     return fs::path(".easel-cache");
 }
 
-std::string cache_key(const std::vector<std::string>& parts) {
-    XXH3_state_t* s = XXH3_createState();
-    XXH3_128bits_reset(s);
-    for (auto& p : parts) {
-        uint64_t n = p.size();
-        XXH3_128bits_update(s, &n, sizeof n);
-        XXH3_128bits_update(s, p.data(), p.size());
-    }
-    XXH128_hash_t h = XXH3_128bits_digest(s);
-    XXH3_freeState(s);
-    return fmt::format("{:016x}{:016x}", h.high64, h.low64);
-}
+std::string cache_key(const std::vector<std::string>& parts) { return content_key(parts); }
 
 ArtifactCache::ArtifactCache(fs::path dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {
     std::error_code ec;

@@ -21,7 +21,8 @@ namespace easel::pipeline {
 /// $XDG_CACHE_HOME/easel, else $HOME/.cache/easel, else ./.easel-cache.
 std::filesystem::path default_cache_dir();
 
-/// Key over the given parts: "xxh3-128" of their length-prefixed concatenation, 32 hex digits.
+/// Key over the given parts: easel::content_key (core/hash.h: XXH3-128 of their length-prefixed
+/// concatenation, 32 hex digits).
 std::string cache_key(const std::vector<std::string>& parts);
 
 /// The cache in one folder with a size cap in bytes.

@@ -2,10 +2,9 @@
 #include "placement/autofit.h"
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/log.h"
-#include "pipeline/cache.h"
 #include "placement/row_split.h"
-#include "placement/vae_encoder.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -557,48 +556,97 @@ std::vector<ModulePlan> FitResult::plans() const {
 
 namespace {
 
-/// One planning pass over `req` (whose budgets already include `fixed` caps); the caps a
-/// candidate needed beyond them are returned in `new_caps`.
-FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>& fixed, std::map<std::string, uint64_t>& new_caps) {
-    Planner P(req);
-    FitResult out;
-    const size_t nm = req.modules.size();
-    for (size_t i = 0; i < kModuleCount; ++i)
-        for (auto& d : req.pinned_devices[i])
-            if (!P.device(d)) fail(ErrorKind::InvalidInput, "--auto-fit: {} is pinned to {}, which is not among the devices", pmodule_name((PModule)i), d);
+/// Within 5% of the best counts as a tie: the earliest candidate (fastest device first) wins.
+/// Sorts `v` by predicted seconds and moves that candidate to the front.
+void best_of(std::vector<Candidate>& v) {
+    std::stable_sort(v.begin(), v.end(), [](const Candidate& a, const Candidate& b) { return a.seconds < b.seconds; });
+    if (v.size() > 1) {
+        std::vector<Candidate> ordered;
+        size_t pick = 0;
+        for (size_t i = 0; i < v.size(); ++i)
+            if (v[i].seconds <= v[0].seconds * 1.05 && v[i].order < v[pick].order) pick = i;
+        ordered.push_back(v[pick]);
+        for (size_t i = 0; i < v.size(); ++i)
+            if (i != pick) ordered.push_back(v[i]);
+        v = std::move(ordered);
+    }
+}
 
-    std::vector<std::vector<Candidate>> cands(nm);  // per module: the candidates of its best tier
-    std::vector<Shortfall> shorts(nm);
-    std::vector<std::vector<Candidate>> whole(nm);  // single-accelerator device-resident candidates (tier 1 input)
-    std::vector<std::string> warnings;              // FitResult::warnings
+/// One planning pass over a request (whose budgets already include the caps of earlier passes),
+/// in named steps:
+///   check_pins        the pinned devices exist;
+///   choose_module(k)  per module, in order, the candidates of its best tier 2..6 (tier_candidates
+///                     per tier; a stage's later modules take the first one's placement in what
+///                     the earlier ones leave, siblings_fit keeps the first one's candidates where
+///                     the rest of the stage fits beside them); refuse() when none fits;
+///   choose_resident   tier 1: every module whole on an accelerator at once, when the sums fit;
+///   assemble          the FitResult: choices, reasons, --split-mode, the entries of modules not
+///                     planned, predicted peaks, the flags line.
+class FitPass {
+public:
+    explicit FitPass(const FitRequest& req)
+        : req_(req), planner_(req), nm_(req.modules.size()), cands_(nm_), shorts_(nm_), whole_(nm_) {}
 
-    // Several modules of one stage (FLUX.1's T5 and CLIP-L are both te): the runtime gives them
-    // one placement (the module's) and loads them together, so the first one's candidates are
-    // kept only where the others, planned the same way, fit beside it (per-device sums within
-    // the budgets), and the others then take its placement.
-    auto first_of_stage = [&](size_t k) {
-        for (size_t j = 0; j < k; ++j)
-            if (req.modules[j].module == req.modules[k].module) return (int)j;
-        return -1;
+    /// The pass: see the class comment. `fixed`: the caps already in the request's budgets;
+    /// `new_caps` gets the caps a candidate needed beyond them.
+    FitResult run(const std::map<std::string, uint64_t>& fixed, std::map<std::string, uint64_t>& new_caps) {
+        check_pins();
+        for (size_t k = 0; k < nm_; ++k) choose_module(k);
+        const bool tier1 = choose_resident();
+        return assemble(fixed, new_caps, tier1);
+    }
+
+private:
+    /// What choose_module knows of module k while it enumerates tiers.
+    struct ModuleScope {
+        size_t k = 0;
+        const FitModule* m = nullptr;
+        const char* mn = "";
+        std::vector<std::string> pin_dev;   ///< pinned devices (a stage's later module: the first one's)
+        std::optional<std::string> pin_par; ///< pinned --params-backend entry (likewise)
+        int first = -1;                     ///< the stage's first module, or -1 when k is it
+        bool pinned_cpu = false;
+        std::vector<std::string> singles;   ///< single devices the module may run on
+        /// A --params-backend location v is allowed by the pin.
+        bool params_ok(const std::string& v) const { return !pin_par || *pin_par == v || (v != kDisk && !pin_par->empty() && !v.empty()); }
     };
-    auto siblings_fit = [&](size_t k, const Candidate& c) {
+
+    /// Error(InvalidInput) for a pinned device that is not among the devices.
+    void check_pins() const {
+        for (size_t i = 0; i < kModuleCount; ++i)
+            for (auto& d : req_.pinned_devices[i])
+                if (!planner_.device(d)) fail(ErrorKind::InvalidInput, "--auto-fit: {} is pinned to {}, which is not among the devices", pmodule_name((PModule)i), d);
+    }
+
+    /// Several modules of one stage (FLUX.1's T5 and CLIP-L are both te): the runtime gives them
+    /// one placement (the module's) and loads them together. The index of the first module of
+    /// k's stage, or -1 when k is the first.
+    int first_of_stage(size_t k) const {
+        for (size_t j = 0; j < k; ++j)
+            if (req_.modules[j].module == req_.modules[k].module) return (int)j;
+        return -1;
+    }
+
+    /// The first module of a stage keeps candidate c only where the stage's other modules,
+    /// planned the same way, fit beside it (per-device sums within the budgets).
+    bool siblings_fit(size_t k, const Candidate& c) {
         std::map<std::string, uint64_t> sum;
         for (auto& u : c.plan.devices) sum[u.device] += u.total();
-        const auto saved = P.budgets();
+        const auto saved = planner_.budgets();
         std::vector<ModulePlan> planned{c.plan};
         bool ok = true;
-        for (size_t j = k + 1; j < nm && ok; ++j) {
-            if (req.modules[j].module != req.modules[k].module) continue;
+        for (size_t j = k + 1; j < nm_ && ok; ++j) {
+            if (req_.modules[j].module != req_.modules[k].module) continue;
             std::vector<const ModulePlan*> before;
             for (auto& p : planned) before.push_back(&p);
-            P.set_budgets(P.left_after(before));
+            planner_.set_budgets(planner_.left_after(before));
             Shortfall ignored;
             // a sibling that cannot be row split runs as a layer split over the same devices (as
             // plan_module does at run time)
             ModulePlacement sp = c.place;
-            if (sp.split == SplitMode::Row && !row_refusal(req.modules[j].costs, sp.devices.size(), sp.params).empty()) sp.split = SplitMode::Layer;
-            auto o = P.evaluate(req.modules[j], c.tier, sp, c.stream, req.modules[j].costs, 0, ignored, "sibling");
-            P.set_budgets(saved);
+            if (sp.split == SplitMode::Row && !row_refusal(req_.modules[j].costs, sp.devices.size(), sp.params).empty()) sp.split = SplitMode::Layer;
+            auto o = planner_.evaluate(req_.modules[j], c.tier, sp, c.stream, req_.modules[j].costs, 0, ignored, "sibling");
+            planner_.set_budgets(saved);
             if (!o) ok = false;
             else {
                 for (auto& u : o->plan.devices) sum[u.device] += u.total();
@@ -607,228 +655,257 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
         }
         if (!ok) return false;
         for (auto& [d, b] : sum) {
-            const FitDevice* dev = P.device(d);
+            const FitDevice* dev = planner_.device(d);
             if (dev && dev->budget > 0 && b > dev->budget) {
                 log::debug("auto-fit: {} with the rest of its stage needs {:.1f} MiB of {}, budget {:.1f} MiB", c.note, mib(b), d, mib(dev->budget));
                 return false;
             }
         }
         return true;
-    };
+    }
 
-    for (size_t k = 0; k < nm; ++k) {
-        const FitModule& m = req.modules[k];
-        auto pin_dev = req.pinned_devices[(size_t)m.module];
-        auto pin_par = req.pinned_params[(size_t)m.module];
-        const int first = first_of_stage(k);
-        const auto saved_budgets = P.budgets();
-        if (first >= 0) {  // a later module of a stage: the first one's placement, in what the earlier ones leave
-            pin_dev = cands[(size_t)first][0].place.devices;
-            pin_par = cands[(size_t)first][0].place.params;
+    /// Module k's pins, stage and single devices; for a stage's later module the planner's
+    /// budgets become what the earlier ones leave (choose_module restores them). Throws
+    /// Error(InvalidInput) for a pinned device list longer than the module's blocks.
+    ModuleScope scope_of(size_t k) {
+        ModuleScope s;
+        s.k = k;
+        s.m = &req_.modules[k];
+        const FitModule& m = *s.m;
+        s.pin_dev = req_.pinned_devices[(size_t)m.module];
+        s.pin_par = req_.pinned_params[(size_t)m.module];
+        s.first = first_of_stage(k);
+        if (s.first >= 0) {  // a later module of a stage: the first one's placement, in what the earlier ones leave
+            s.pin_dev = cands_[(size_t)s.first][0].place.devices;
+            s.pin_par = cands_[(size_t)s.first][0].place.params;
             std::vector<const ModulePlan*> before;
             for (size_t j = 0; j < k; ++j)
-                if (req.modules[j].module == m.module) before.push_back(&cands[j][0].plan);
-            P.set_budgets(P.left_after(before));
+                if (req_.modules[j].module == m.module) before.push_back(&cands_[j][0].plan);
+            planner_.set_budgets(planner_.left_after(before));
         }
-        const char* mn = pmodule_name(m.module);
-        const bool pinned_cpu = pin_dev.size() == 1 && P.device(pin_dev[0])->is_cpu();
+        s.mn = pmodule_name(m.module);
+        s.pinned_cpu = s.pin_dev.size() == 1 && planner_.device(s.pin_dev[0])->is_cpu();
         // a pinned device list longer than the module's blocks can never be a layer split: say
         // so (else every tier skips it and the error blamed the memory)
-        if (const int nb = (int)m.costs.block_bytes.size(); pin_dev.size() > 1 && (int)pin_dev.size() > std::max(1, nb))
+        if (const int nb = (int)m.costs.block_bytes.size(); s.pin_dev.size() > 1 && (int)s.pin_dev.size() > std::max(1, nb))
             fail(ErrorKind::InvalidInput, "--auto-fit: {} ({}) has {} block(s) to split but --backend names {} devices for it ({}); name at most {}{}",
-                 mn, m.costs.label, nb, pin_dev.size(), join_devices(pin_dev), std::max(1, nb),
+                 s.mn, m.costs.label, nb, s.pin_dev.size(), join_devices(s.pin_dev), std::max(1, nb),
                  nb <= 1 ? " (one device)" : "");
-        auto params_ok = [&](const std::string& v) { return !pin_par || *pin_par == v || (v != kDisk && !pin_par->empty() && !v.empty()); };
-        auto host_loc = [&]() { return pin_par && !pin_par->empty() && *pin_par != kDisk ? *pin_par : std::string(P.cpu() ? P.cpu()->name : "CPU"); };
         // single devices the module may run on (pinned: that one; else every accelerator, fastest first)
-        std::vector<std::string> singles;
-        if (pin_dev.size() == 1) {
-            if (!pinned_cpu) singles.push_back(pin_dev[0]);
-        } else if (pin_dev.empty()) {
-            for (auto* d : P.accels()) singles.push_back(d->name);
+        if (s.pin_dev.size() == 1) {
+            if (!s.pinned_cpu) s.singles.push_back(s.pin_dev[0]);
+        } else if (s.pin_dev.empty()) {
+            for (auto* d : planner_.accels()) s.singles.push_back(d->name);
         }
-        auto best_of = [](std::vector<Candidate>& v) {
-            std::stable_sort(v.begin(), v.end(), [](const Candidate& a, const Candidate& b) { return a.seconds < b.seconds; });
-            // within 5% of the best counts as a tie: the earliest candidate (fastest device first) wins
-            if (v.size() > 1) {
-                std::vector<Candidate> ordered;
-                size_t pick = 0;
-                for (size_t i = 0; i < v.size(); ++i)
-                    if (v[i].seconds <= v[0].seconds * 1.05 && v[i].order < v[pick].order) pick = i;
-                ordered.push_back(v[pick]);
-                for (size_t i = 0; i < v.size(); ++i)
-                    if (i != pick) ordered.push_back(v[i]);
-                v = std::move(ordered);
-            }
-        };
-        for (int tier = 2; tier <= 6 && cands[k].empty(); ++tier) {
-            std::vector<Candidate> got;
-            switch ((Tier)tier) {
-                case Tier::TimeShared:
-                    if (!params_ok("")) break;
-                    for (auto& d : singles) {
-                        ModulePlacement pl{{d}, "", SplitMode::Layer};
-                        if (auto c = P.evaluate(m, Tier::TimeShared, pl, false, m.costs, 0, shorts[k], fmt::format("{} whole on {}", mn, d))) {
-                            whole[k].push_back(*c);
-                            got.push_back(std::move(*c));
-                        } else if (m.module == PModule::Vae && m.measure_tile) {
-                            // tiled decode, largest tile that fits
-                            for (int t : {128, 96, 64, 48, 32, 24, 16}) {
-                                if (t >= std::max(m.latent_w, m.latent_h)) continue;
-                                ModuleCosts tc = m.costs;
-                                auto mt = m.measure_tile;
-                                tc.measure = [mt, t](int, int, bool, bool, const std::string& dev) { return mt(t, dev); };
-                                if (auto c2 = P.evaluate(m, Tier::TimeShared, pl, false, tc, t, shorts[k],
-                                                         fmt::format("{} on {} tiled {}x{}", mn, d, t, t))) {
-                                    got.push_back(std::move(*c2));
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    // tiling changes the image (seams) and decodes more pixels: only when no
-                    // device holds the whole decode (and encode)
-                    if (std::any_of(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile == 0; }))
-                        got.erase(std::remove_if(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile > 0; }), got.end());
-                    break;
-                case Tier::HostStreamed:
-                    if (pin_par && (pin_par->empty() || *pin_par == kDisk)) break;
-                    for (auto& d : singles) {
-                        ModulePlacement pl{{d}, host_loc(), SplitMode::Layer};
-                        const bool stream = m.module == PModule::Diffusion;
-                        if (auto c = P.evaluate(m, Tier::HostStreamed, pl, stream, m.costs, 0, shorts[k],
-                                                fmt::format("{} on {} streamed from host RAM", mn, d)))
-                            got.push_back(std::move(*c));
-                    }
-                    break;
-                case Tier::LayerSplit: {
-                    // (a VAE decoder only over a list the user named: its need is mostly the
-                    // compute buffer, which a layer split does not shrink; weights pinned to host
-                    // RAM or another device are kept, each device's range staged / streamed)
-                    if (!(multi_device_ok(m.module) || (m.module == PModule::Vae && pin_dev.size() > 1)) || (pin_par && *pin_par == kDisk)) break;
-                    std::vector<std::vector<std::string>> sets;
-                    if (pin_dev.size() > 1) sets.push_back(pin_dev);
-                    else if (pin_dev.empty()) {
-                        // every subset of 2..4 accelerators, in speed order
-                        const auto& A = P.accels();
-                        const int na = (int)A.size();
-                        for (int mask = 1; mask < (1 << std::min(na, 8)); ++mask) {
-                            int bits = __builtin_popcount((unsigned)mask);
-                            if (bits < 2 || bits > 4) continue;
-                            std::vector<std::string> s;
-                            for (int i = 0; i < na; ++i)
-                                if (mask & (1 << i)) s.push_back(A[(size_t)i]->name);
-                            sets.push_back(s);
-                        }
-                    }
-                    // --split-mode row: each set also as a row split where the module can be
-                    // row split there; any row candidate that fits beats the layer splits
-                    const bool want_row = req.split[(size_t)m.module] == SplitMode::Row;
-                    std::vector<Candidate> rows;
-                    std::string refused;  // why a set could not be row split (the first reason met)
-                    bool row_tried = false;
-                    for (auto& s : sets) {
-                        if ((int)s.size() > std::max<int>(1, (int)m.costs.block_bytes.size())) continue;
-                        const std::string par = pin_par ? *pin_par : "";
-                        if (want_row) {
-                            if (const std::string why = row_refusal(m.costs, s.size(), par); !why.empty()) {
-                                if (refused.empty()) refused = why;
-                            } else {
-                                row_tried = true;
-                                ModulePlacement rp{s, par, SplitMode::Row};
-                                if (auto c = P.evaluate(m, Tier::LayerSplit, rp, false, m.costs, 0, shorts[k],
-                                                        fmt::format("{} row split over {}", mn, join_devices(s))))
-                                    rows.push_back(std::move(*c));
-                            }
-                        }
-                        ModulePlacement pl{s, par, SplitMode::Layer};
-                        if (auto c = P.evaluate(m, Tier::LayerSplit, pl, false, m.costs, 0, shorts[k],
-                                                fmt::format("{} layer split over {}", mn, join_devices(s))))
-                            got.push_back(std::move(*c));
-                    }
-                    if (!rows.empty()) got = std::move(rows);
-                    else if (want_row && !got.empty()) {
-                        // each warning once per module (the te stage's modules are planned one by one)
-                        warnings.push_back(fmt::format(
-                            "--split-mode row for {} ({}): {}; auto-fit plans a layer split", mn, m.costs.label,
-                            row_tried ? "no row split over the candidate devices fits their budgets (each member holds the compute "
-                                        "buffer of the whole blocks graph and the mirrored weights)"
-                                      : refused));
-                    }
-                    break;
-                }
-                case Tier::Disk:
-                    if (!params_ok(kDisk)) break;
-                    for (auto& d : singles) {
-                        ModulePlacement pl{{d}, kDisk, SplitMode::Layer};
-                        // whole for the phase when it fits the device, else --max-vram segments read
-                        // from the file per evaluation (plan_module), one transient host buffer in RAM
-                        if (auto c = P.evaluate(m, Tier::Disk, pl, false, m.costs, 0, shorts[k], fmt::format("{} on {} from disk", mn, d)))
-                            got.push_back(std::move(*c));
-                    }
-                    break;
-                case Tier::Cpu:
-                    if (!P.cpu() || (!pin_dev.empty() && !pinned_cpu)) break;
-                    {
-                        // an explicit --params-backend entry is kept (disk: read from the file
-                        // per phase); host RAM is the CPU's own memory
-                        const std::string loc = pin_par && *pin_par != P.cpu()->name ? *pin_par : "";
-                        ModulePlacement pl{{P.cpu()->name}, loc, SplitMode::Layer};
-                        if (auto c = P.evaluate(m, Tier::Cpu, pl, false, m.costs, 0, shorts[k], fmt::format("{} on the CPU", mn)))
-                            got.push_back(std::move(*c));
-                    }
-                    break;
-                default: break;
-            }
-            if (first < 0) got.erase(std::remove_if(got.begin(), got.end(), [&](const Candidate& c) { return !siblings_fit(k, c); }), got.end());
+        return s;
+    }
+
+    /// Module k's candidates of its best tier (2..6) into cands_[k]; refuse(k) when none fits.
+    void choose_module(size_t k) {
+        const auto saved_budgets = planner_.budgets();
+        const ModuleScope s = scope_of(k);
+        for (int tier = 2; tier <= 6 && cands_[k].empty(); ++tier) {
+            std::vector<Candidate> got = tier_candidates(s, (Tier)tier);
+            if (s.first < 0) got.erase(std::remove_if(got.begin(), got.end(), [&](const Candidate& c) { return !siblings_fit(k, c); }), got.end());
             best_of(got);
-            cands[k] = std::move(got);
+            cands_[k] = std::move(got);
         }
-        P.set_budgets(saved_budgets);
-        if (cands[k].empty()) {
-            const Shortfall& s = shorts[k];
-            if (s.need == 0) {
-                if (!req.pinned_devices[(size_t)m.module].empty() || req.pinned_params[(size_t)m.module])
-                    fail(ErrorKind::OutOfMemory,
-                         "--auto-fit: nothing fits {} where your --backend/--params-backend entry puts it ({}){}; drop that entry to let "
-                         "--auto-fit choose, or raise --max-vram",
-                         mn, s.what.empty() ? join_devices(req.pinned_devices[(size_t)m.module]) : s.what,
-                         m.module == PModule::Vae && req.pinned_devices[(size_t)m.module].size() > 1
-                             ? " (cutting the VAE into layers hardly shrinks its compute buffer: another device order or --vae-tiling may fit)"
-                             : "");
-                fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; {}", mn, s.what.empty() ? "no device can run it" : s.what,
-                     m.module == PModule::Vae ? "try --vae-on-cpu or other devices (VAE weights stay F32 whatever --type says)"
-                                              : "try a quantised --type or other devices");
-            }
-            fail(ErrorKind::OutOfMemory,
-                 "--auto-fit: nothing fits {}: the closest plan ({}) needs {} MiB of {} but {} MiB are available (short {} MiB); "
-                 "cheapest change: {}",
-                 mn, s.what, mibs(s.need), s.where, mibs(s.have), mibs(s.bytes), cheapest_change(s, m, req.job));
+        planner_.set_budgets(saved_budgets);
+        if (cands_[k].empty()) refuse(k);
+    }
+
+    /// The candidates of one tier for a module (autofit.h "Tiers").
+    std::vector<Candidate> tier_candidates(const ModuleScope& s, Tier tier) {
+        switch (tier) {
+            case Tier::TimeShared: return time_shared(s);
+            case Tier::HostStreamed: return host_streamed(s);
+            case Tier::LayerSplit: return split_over_devices(s);
+            case Tier::Disk: return from_disk(s);
+            case Tier::Cpu: return on_cpu(s);
+            default: return {};
         }
     }
 
-    // Tier 1: every module whole on an accelerator, all loaded at once (sums per device fit)
-    std::vector<int> pick(nm, 0);
-    bool tier1 = nm > 0;
-    for (size_t k = 0; k < nm; ++k) tier1 &= !whole[k].empty() && cands[k][0].tier == Tier::TimeShared && cands[k][0].vae_tile == 0;
-    if (tier1) {
-        std::vector<int> cur(nm, 0), best;
+    /// Tier 2: whole on one accelerator in its own stage; a VAE decode that does not fit whole
+    /// with the largest tile that fits (only when no device holds the whole decode).
+    std::vector<Candidate> time_shared(const ModuleScope& s) {
+        std::vector<Candidate> got;
+        const FitModule& m = *s.m;
+        if (!s.params_ok("")) return got;
+        for (auto& d : s.singles) {
+            ModulePlacement pl{{d}, "", SplitMode::Layer};
+            if (auto c = planner_.evaluate(m, Tier::TimeShared, pl, false, m.costs, 0, shorts_[s.k], fmt::format("{} whole on {}", s.mn, d))) {
+                whole_[s.k].push_back(*c);
+                got.push_back(std::move(*c));
+            } else if (m.module == PModule::Vae && m.measure_tile) {
+                // tiled decode, largest tile that fits
+                for (int t : {128, 96, 64, 48, 32, 24, 16}) {
+                    if (t >= std::max(m.latent_w, m.latent_h)) continue;
+                    ModuleCosts tc = m.costs;
+                    auto mt = m.measure_tile;
+                    tc.measure = [mt, t](int, int, bool, bool, const std::string& dev) { return mt(t, dev); };
+                    if (auto c2 = planner_.evaluate(m, Tier::TimeShared, pl, false, tc, t, shorts_[s.k], fmt::format("{} on {} tiled {}x{}", s.mn, d, t, t))) {
+                        got.push_back(std::move(*c2));
+                        break;
+                    }
+                }
+            }
+        }
+        // tiling changes the image (seams) and decodes more pixels: only when no
+        // device holds the whole decode (and encode)
+        if (std::any_of(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile == 0; }))
+            got.erase(std::remove_if(got.begin(), got.end(), [](const Candidate& c) { return c.vae_tile > 0; }), got.end());
+        return got;
+    }
+
+    /// Tier 3: weights in host RAM, uploaded per evaluation (diffusion: --stream-layers).
+    std::vector<Candidate> host_streamed(const ModuleScope& s) {
+        std::vector<Candidate> got;
+        const FitModule& m = *s.m;
+        if (s.pin_par && (s.pin_par->empty() || *s.pin_par == kDisk)) return got;
+        const std::string host = s.pin_par && !s.pin_par->empty() && *s.pin_par != kDisk ? *s.pin_par : std::string(planner_.cpu() ? planner_.cpu()->name : "CPU");
+        for (auto& d : s.singles) {
+            ModulePlacement pl{{d}, host, SplitMode::Layer};
+            const bool stream = m.module == PModule::Diffusion;
+            if (auto c = planner_.evaluate(m, Tier::HostStreamed, pl, stream, m.costs, 0, shorts_[s.k], fmt::format("{} on {} streamed from host RAM", s.mn, d)))
+                got.push_back(std::move(*c));
+        }
+        return got;
+    }
+
+    /// Tier 4: contiguous block ranges over 2..4 accelerators (or the pinned list), and with
+    /// --split-mode row a row split over the same sets where the module can be row split (any
+    /// row candidate that fits beats the layer splits; else a warning).
+    std::vector<Candidate> split_over_devices(const ModuleScope& s) {
+        std::vector<Candidate> got;
+        const FitModule& m = *s.m;
+        // (a VAE decoder only over a list the user named: its need is mostly the
+        // compute buffer, which a layer split does not shrink; weights pinned to host
+        // RAM or another device are kept, each device's range staged / streamed)
+        if (!(multi_device_ok(m.module) || (m.module == PModule::Vae && s.pin_dev.size() > 1)) || (s.pin_par && *s.pin_par == kDisk)) return got;
+        std::vector<std::vector<std::string>> sets;
+        if (s.pin_dev.size() > 1) sets.push_back(s.pin_dev);
+        else if (s.pin_dev.empty()) {
+            // every subset of 2..4 accelerators, in speed order
+            const auto& A = planner_.accels();
+            const int na = (int)A.size();
+            for (int mask = 1; mask < (1 << std::min(na, 8)); ++mask) {
+                int bits = __builtin_popcount((unsigned)mask);
+                if (bits < 2 || bits > 4) continue;
+                std::vector<std::string> set;
+                for (int i = 0; i < na; ++i)
+                    if (mask & (1 << i)) set.push_back(A[(size_t)i]->name);
+                sets.push_back(set);
+            }
+        }
+        const bool want_row = req_.split[(size_t)m.module] == SplitMode::Row;
+        std::vector<Candidate> rows;
+        std::string refused;  // why a set could not be row split (the first reason met)
+        bool row_tried = false;
+        for (auto& set : sets) {
+            if ((int)set.size() > std::max<int>(1, (int)m.costs.block_bytes.size())) continue;
+            const std::string par = s.pin_par ? *s.pin_par : "";
+            if (want_row) {
+                if (const std::string why = row_refusal(m.costs, set.size(), par); !why.empty()) {
+                    if (refused.empty()) refused = why;
+                } else {
+                    row_tried = true;
+                    ModulePlacement rp{set, par, SplitMode::Row};
+                    if (auto c = planner_.evaluate(m, Tier::LayerSplit, rp, false, m.costs, 0, shorts_[s.k], fmt::format("{} row split over {}", s.mn, join_devices(set))))
+                        rows.push_back(std::move(*c));
+                }
+            }
+            ModulePlacement pl{set, par, SplitMode::Layer};
+            if (auto c = planner_.evaluate(m, Tier::LayerSplit, pl, false, m.costs, 0, shorts_[s.k], fmt::format("{} layer split over {}", s.mn, join_devices(set))))
+                got.push_back(std::move(*c));
+        }
+        if (!rows.empty()) got = std::move(rows);
+        else if (want_row && !got.empty()) {
+            // each warning once per module (the te stage's modules are planned one by one)
+            warnings_.push_back(fmt::format(
+                "--split-mode row for {} ({}): {}; auto-fit plans a layer split", s.mn, m.costs.label,
+                row_tried ? "no row split over the candidate devices fits their budgets (each member holds the compute "
+                            "buffer of the whole blocks graph and the mirrored weights)"
+                          : refused));
+        }
+        return got;
+    }
+
+    /// Tier 5: weights read from the model file (per phase, or per evaluation in --max-vram
+    /// segments through one transient host buffer when the device cannot hold them whole).
+    std::vector<Candidate> from_disk(const ModuleScope& s) {
+        std::vector<Candidate> got;
+        const FitModule& m = *s.m;
+        if (!s.params_ok(kDisk)) return got;
+        for (auto& d : s.singles) {
+            ModulePlacement pl{{d}, kDisk, SplitMode::Layer};
+            if (auto c = planner_.evaluate(m, Tier::Disk, pl, false, m.costs, 0, shorts_[s.k], fmt::format("{} on {} from disk", s.mn, d)))
+                got.push_back(std::move(*c));
+        }
+        return got;
+    }
+
+    /// Tier 6: on the CPU (an explicit --params-backend entry is kept; host RAM is the CPU's own).
+    std::vector<Candidate> on_cpu(const ModuleScope& s) {
+        std::vector<Candidate> got;
+        const FitModule& m = *s.m;
+        if (!planner_.cpu() || (!s.pin_dev.empty() && !s.pinned_cpu)) return got;
+        const std::string loc = s.pin_par && *s.pin_par != planner_.cpu()->name ? *s.pin_par : "";
+        ModulePlacement pl{{planner_.cpu()->name}, loc, SplitMode::Layer};
+        if (auto c = planner_.evaluate(m, Tier::Cpu, pl, false, m.costs, 0, shorts_[s.k], fmt::format("{} on the CPU", s.mn)))
+            got.push_back(std::move(*c));
+        return got;
+    }
+
+    /// Nothing fits module k: Error(OutOfMemory) with the closest plan and the cheapest change
+    /// (or, without a known shortfall, what to drop or try).
+    [[noreturn]] void refuse(size_t k) const {
+        const FitModule& m = req_.modules[k];
+        const char* mn = pmodule_name(m.module);
+        const Shortfall& s = shorts_[k];
+        if (s.need == 0) {
+            if (!req_.pinned_devices[(size_t)m.module].empty() || req_.pinned_params[(size_t)m.module])
+                fail(ErrorKind::OutOfMemory,
+                     "--auto-fit: nothing fits {} where your --backend/--params-backend entry puts it ({}){}; drop that entry to let "
+                     "--auto-fit choose, or raise --max-vram",
+                     mn, s.what.empty() ? join_devices(req_.pinned_devices[(size_t)m.module]) : s.what,
+                     m.module == PModule::Vae && req_.pinned_devices[(size_t)m.module].size() > 1
+                         ? " (cutting the VAE into layers hardly shrinks its compute buffer: another device order or --vae-tiling may fit)"
+                         : "");
+            fail(ErrorKind::OutOfMemory, "--auto-fit: nothing fits {}: {}; {}", mn, s.what.empty() ? "no device can run it" : s.what,
+                 m.module == PModule::Vae ? "try --vae-on-cpu or other devices (VAE weights stay F32 whatever --type says)"
+                                          : "try a quantised --type or other devices");
+        }
+        fail(ErrorKind::OutOfMemory,
+             "--auto-fit: nothing fits {}: the closest plan ({}) needs {} MiB of {} but {} MiB are available (short {} MiB); "
+             "cheapest change: {}",
+             mn, s.what, mibs(s.need), s.where, mibs(s.have), mibs(s.bytes), cheapest_change(s, m, req_.job));
+    }
+
+    /// Tier 1: every module whole on an accelerator, all loaded at once (sums per device fit; a
+    /// stage's modules on one placement): the fastest such combination replaces each module's
+    /// candidates. True when one was found.
+    bool choose_resident() {
+        bool tier1 = nm_ > 0;
+        for (size_t k = 0; k < nm_; ++k) tier1 &= !whole_[k].empty() && cands_[k][0].tier == Tier::TimeShared && cands_[k][0].vae_tile == 0;
+        if (!tier1) return false;
+        std::vector<int> cur(nm_, 0), best;
         double best_t = 1e300;
         std::map<std::string, uint64_t> use;
         std::function<void(size_t, double)> rec = [&](size_t k, double t) {
             if (t >= best_t) return;
-            if (k == nm) {
+            if (k == nm_) {
                 best_t = t;
                 best = cur;
                 return;
             }
             const int first = first_of_stage(k);
-            for (size_t i = 0; i < whole[k].size(); ++i) {
-                const Candidate& c = whole[k][i];
+            for (size_t i = 0; i < whole_[k].size(); ++i) {
+                const Candidate& c = whole_[k][i];
                 const std::string& d = c.place.devices[0];
-                if (first >= 0 && whole[(size_t)first][(size_t)cur[(size_t)first]].place.devices != c.place.devices) continue;  // one placement per stage
+                if (first >= 0 && whole_[(size_t)first][(size_t)cur[(size_t)first]].place.devices != c.place.devices) continue;  // one placement per stage
                 const uint64_t need = c.plan.devices[0].total();
-                const uint64_t budget = P.device(d)->budget;
+                const uint64_t budget = planner_.device(d)->budget;
                 if (use[d] + need > budget) continue;
                 use[d] += need;
                 cur[k] = (int)i;
@@ -837,163 +914,205 @@ FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>&
             }
         };
         rec(0, 0.0);
-        if (best.empty()) tier1 = false;
-        else
-            for (size_t k = 0; k < nm; ++k) {
-                cands[k] = {whole[k][(size_t)best[k]]};
-                cands[k][0].tier = Tier::Resident;
-            }
+        if (best.empty()) return false;
+        for (size_t k = 0; k < nm_; ++k) {
+            cands_[k] = {whole_[k][(size_t)best[k]]};
+            cands_[k][0].tier = Tier::Resident;
+        }
+        return true;
     }
 
-    // assemble
-    out.tier = Tier::Resident;
-    PlacementFlags& f = out.flags;
-    std::string backend, params;
-    std::map<std::string, uint64_t> caps = fixed;
-    for (size_t k = 0; k < nm; ++k) {
-        const FitModule& m = req.modules[k];
-        const Candidate& c = cands[k][0];
-        FitChoice ch;
-        ch.module = m.module;
-        ch.tier = c.tier;
-        ch.plan = c.plan;
-        ch.seconds = c.seconds;
-        ch.vae_tile = c.vae_tile;
-        ch.row_split = c.place.split == SplitMode::Row;
-        ch.encode_plan = c.encode_plan;
-        out.choices.push_back(ch);
-        out.tier = std::max(out.tier, c.tier);
-        out.seconds += c.seconds;
-        const char* mn = pmodule_name(m.module);
-        if (first_of_stage(k) < 0) {  // (a stage's later modules share its entry)
-            backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(c.place.devices));
-            if (!c.place.params.empty()) params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, c.place.params);
-        }
-        if (c.stream) f.stream_layers = true;
-        if (c.vae_tile > 0) out.vae_tile = c.vae_tile;
-        for (auto& [d, b] : c.caps) {
-            caps[d] = caps.count(d) ? std::min(caps[d], b) : b;
-            new_caps[d] = caps[d];
-        }
-        // reasons
-        const bool pinned = !req.pinned_devices[(size_t)m.module].empty() || req.pinned_params[(size_t)m.module].has_value();
-        std::string why;
+    /// Why a module's chosen candidate is what it is (the reason text after " - ").
+    std::string why_chosen(const FitModule& m, const Candidate& c, bool tier1) const {
         switch (c.tier) {
-            case Tier::Resident: why = "every module fits on the accelerators at once"; break;
+            case Tier::Resident: return "every module fits on the accelerators at once";
             case Tier::TimeShared:
-                why = c.vae_tile > 0 ? "the whole decode does not fit; the largest tile that fits"
-                                     : tier1 ? "" : "fits its device during its own stage (the pipeline frees each module after its stage)";
-                break;
-            case Tier::HostStreamed: why = "does not fit any single device whole; host RAM holds the weights"; break;
+                return c.vae_tile > 0 ? "the whole decode does not fit; the largest tile that fits"
+                                      : tier1 ? "" : "fits its device during its own stage (the pipeline frees each module after its stage)";
+            case Tier::HostStreamed: return "does not fit any single device whole; host RAM holds the weights";
             case Tier::LayerSplit:
-                why = !req.pinned_devices[(size_t)m.module].empty() && req.pinned_devices[(size_t)m.module].size() > 1
-                          ? "split over the devices your --backend entry names"
-                      : c.place.split == SplitMode::Row ? "fits neither one device nor host RAM streaming; split by rows (--split-mode row)"
-                                                        : "fits neither one device nor host RAM streaming; split by layers";
-                break;
+                return !req_.pinned_devices[(size_t)m.module].empty() && req_.pinned_devices[(size_t)m.module].size() > 1
+                           ? "split over the devices your --backend entry names"
+                       : c.place.split == SplitMode::Row ? "fits neither one device nor host RAM streaming; split by rows (--split-mode row)"
+                                                         : "fits neither one device nor host RAM streaming; split by layers";
             case Tier::Disk: {
                 bool per = false;
                 for (auto& g : c.plan.segments) per |= g.per_eval;
-                why = per ? "fits no device whole and host RAM cannot hold the weights; each segment is read from the file when it runs"
-                          : "weights read from the file per phase";
-                break;
+                return per ? "fits no device whole and host RAM cannot hold the weights; each segment is read from the file when it runs"
+                           : "weights read from the file per phase";
             }
-            case Tier::Cpu: why = "no accelerator can hold it"; break;
+            case Tier::Cpu: return "no accelerator can hold it";
         }
-        uint64_t peak = 0;
-        for (auto& u : c.plan.devices) peak = std::max(peak, u.total());
-        out.reasons.push_back(fmt::format("{}: tier {} ({}): {}{}{}; predicted {:.0f} MiB, {:.2f} s{}", mn, (int)c.tier, tier_name(c.tier),
-                                          describe_candidate(c), why.empty() ? "" : " - ", why, mib(peak), c.seconds,
-                                          pinned ? " (kept your --backend/--params-backend entry)" : ""));
-        if (c.encode_plan) {
-            uint64_t ep = 0;
-            for (auto& u : c.encode_plan->devices) ep = std::max(ep, u.total());
-            out.reasons.push_back(fmt::format("  {} encoder ({}): the same placement in its own stage ({}); predicted {:.0f} MiB", mn,
-                                              c.encode_plan->label, kVaeEncodeStage, mib(ep)));
-        }
-        if (cands[k].size() > 1)
-            out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
-                                              cands[k].size() - 1, describe_candidate(cands[k][1]), cands[k][1].seconds));
+        return "";
     }
-    // --split-mode: row only for the modules planned as row splits (a module asked for row that
-    // runs on one device or as a layer split gets no entry: the runtime would otherwise row
-    // split a device list the plan made a layer split), and for modules the planner was not
-    // given whose --backend entry names a device list, as the user asked
-    std::string split;
-    for (size_t k = 0; k < nm; ++k) {
-        const FitModule& m = req.modules[k];
-        if (first_of_stage(k) >= 0) continue;
-        const Candidate& c = cands[k][0];
-        const char* mn = pmodule_name(m.module);
-        if (c.place.split == SplitMode::Row) split += fmt::format("{}{}=row", split.empty() ? "" : ",", mn);
-        else if (req.split[(size_t)m.module] == SplitMode::Row && c.place.devices.size() == 1)
-            out.reasons.push_back(fmt::format("{}: --split-mode row not needed: it runs on one device", mn));
-    }
-    for (size_t i = 0; i < kModuleCount; ++i) {
-        if (std::any_of(req.modules.begin(), req.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; })) continue;
-        if (req.split[i] == SplitMode::Row && req.pinned_devices[i].size() > 1)
-            split += fmt::format("{}{}=row", split.empty() ? "" : ",", pmodule_name((PModule)i));
-    }
-    f.split_mode = split;
-    for (auto& w : warnings) out.reasons.push_back("warning: " + w);  // (logged by auto_fit, once)
-    out.warnings = warnings;
-    // explicit entries of modules the planner was not given (not costed by the family in this
-    // build, e.g. a TAESD decoder, ControlNet, upscaler) are kept as the user wrote them
-    for (size_t i = 0; i < kModuleCount; ++i) {
-        if (std::any_of(req.modules.begin(), req.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; })) continue;
-        const char* mn = pmodule_name((PModule)i);
-        if (!req.pinned_devices[i].empty())
-            backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(req.pinned_devices[i]));
-        if (req.pinned_params[i] && !req.pinned_params[i]->empty())
-            params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, *req.pinned_params[i]);
-    }
-    if (out.tier == Tier::Resident) out.reasons.insert(out.reasons.begin(), "tier 1: everything resident on the accelerators at once");
-    else
-        out.reasons.insert(out.reasons.begin(), fmt::format("tier {} ({}): not everything is resident at once; each module takes its best tier",
-                                                            (int)out.tier, tier_name(out.tier)));
-    // predicted peaks as the pipeline runs (one stage at a time: the largest stage), and for
-    // tier 1 the bytes of every module loaded at once (what made it tier 1)
-    std::map<std::string, std::map<std::string, uint64_t>> by_stage;  // modules of one stage add
-    auto add_stage = [&](const std::string& stage, const ModulePlan& p) {
-        std::map<std::string, uint64_t>& here = by_stage[stage];
-        for (auto& u : p.devices) here[u.device] += u.total();
-        if (p.host_bytes) here[P.cpu() ? P.cpu()->name : "CPU"] += p.host_bytes;
-    };
-    for (auto& c : out.choices) {
-        add_stage(pmodule_name(c.module), c.plan);
-        if (c.encode_plan) add_stage(kVaeEncodeStage, *c.encode_plan);
-    }
-    for (auto& [stage, here] : by_stage) {
-        for (auto& [d, b] : here) {
-            out.predicted_peak[d] = std::max(out.predicted_peak[d], b);
-            // (the encoder is loaded in its own stage, never with the other modules)
-            if (out.tier == Tier::Resident && stage != kVaeEncodeStage) out.resident_bytes[d] += b;
-        }
-    }
-    for (auto& [d, b] : out.resident_bytes)
-        out.reasons.push_back(fmt::format("{}: {:.0f} MiB with every module loaded at once, budget {:.0f} MiB", d, mib(b), mib(P.device(d)->budget)));
 
-    f.backend = backend;
-    f.params_backend = params;
-    f.headroom = req.headroom;
-    f.max_vram = merge_max_vram(req, caps);
-    std::string line = fmt::format("--backend \"{}\"", f.backend);
-    if (!f.params_backend.empty()) line += fmt::format(" --params-backend \"{}\"", f.params_backend);
-    if (!f.split_mode.empty()) line += fmt::format(" --split-mode \"{}\"", f.split_mode);
-    if (f.stream_layers) line += " --stream-layers";
-    if (!f.max_vram.empty()) line += fmt::format(" --max-vram \"{}\"", f.max_vram);
-    if (!f.headroom.empty()) line += fmt::format(" --headroom \"{}\"", f.headroom);
-    if (out.vae_tile > 0) line += fmt::format(" --vae-tiling --vae-tile-size {}x{}", out.vae_tile, out.vae_tile);
-    out.flags_line = line;
-    for (auto& [d, b] : fixed)
-        out.reasons.push_back(P.device(d)->max_alloc > 0
-                                  ? fmt::format("{}: budget capped at {:.0f} MiB for every module (a --max-vram cap applies to the whole job) "
-                                                "so that no slot or state buffer exceeds its {:.0f} MiB max allocation",
-                                                d, mib(b), mib(P.device(d)->max_alloc))
-                                  : fmt::format("{}: budget capped at {} MiB for every module (a --max-vram cap applies to the whole job) "
-                                                "so that each weight segment read from disk fits the host RAM it passes through",
-                                                d, mibs(b)));
-    return out;
+    /// The FitResult of the chosen candidates (see the class comment).
+    FitResult assemble(const std::map<std::string, uint64_t>& fixed, std::map<std::string, uint64_t>& new_caps, bool tier1) const {
+        FitResult out;
+        out.tier = Tier::Resident;
+        PlacementFlags& f = out.flags;
+        std::string backend, params;
+        std::map<std::string, uint64_t> caps = fixed;
+        for (size_t k = 0; k < nm_; ++k) {
+            const FitModule& m = req_.modules[k];
+            const Candidate& c = cands_[k][0];
+            FitChoice ch;
+            ch.module = m.module;
+            ch.tier = c.tier;
+            ch.plan = c.plan;
+            ch.seconds = c.seconds;
+            ch.vae_tile = c.vae_tile;
+            ch.row_split = c.place.split == SplitMode::Row;
+            ch.encode_plan = c.encode_plan;
+            out.choices.push_back(ch);
+            out.tier = std::max(out.tier, c.tier);
+            out.seconds += c.seconds;
+            const char* mn = pmodule_name(m.module);
+            if (first_of_stage(k) < 0) {  // (a stage's later modules share its entry)
+                backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(c.place.devices));
+                if (!c.place.params.empty()) params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, c.place.params);
+            }
+            if (c.stream) f.stream_layers = true;
+            if (c.vae_tile > 0) out.vae_tile = c.vae_tile;
+            for (auto& [d, b] : c.caps) {
+                caps[d] = caps.count(d) ? std::min(caps[d], b) : b;
+                new_caps[d] = caps[d];
+            }
+            // reasons
+            const bool pinned = !req_.pinned_devices[(size_t)m.module].empty() || req_.pinned_params[(size_t)m.module].has_value();
+            const std::string why = why_chosen(m, c, tier1);
+            uint64_t peak = 0;
+            for (auto& u : c.plan.devices) peak = std::max(peak, u.total());
+            out.reasons.push_back(fmt::format("{}: tier {} ({}): {}{}{}; predicted {:.0f} MiB, {:.2f} s{}", mn, (int)c.tier, tier_name(c.tier),
+                                              describe_candidate(c), why.empty() ? "" : " - ", why, mib(peak), c.seconds,
+                                              pinned ? " (kept your --backend/--params-backend entry)" : ""));
+            if (c.encode_plan) {
+                uint64_t ep = 0;
+                for (auto& u : c.encode_plan->devices) ep = std::max(ep, u.total());
+                out.reasons.push_back(fmt::format("  {} encoder ({}): the same placement in its own stage ({}); predicted {:.0f} MiB", mn,
+                                                  c.encode_plan->label, kVaeEncodeStage, mib(ep)));
+            }
+            if (cands_[k].size() > 1)
+                out.reasons.push_back(fmt::format("  {} beat {} other candidate(s) of the tier (next: {}, {:.2f} s)", describe_candidate(c),
+                                                  cands_[k].size() - 1, describe_candidate(cands_[k][1]), cands_[k][1].seconds));
+        }
+        f.split_mode = split_entries(out);
+        for (auto& w : warnings_) out.reasons.push_back("warning: " + w);  // (logged by auto_fit, once)
+        out.warnings = warnings_;
+        keep_unplanned_entries(backend, params);
+        if (out.tier == Tier::Resident) out.reasons.insert(out.reasons.begin(), "tier 1: everything resident on the accelerators at once");
+        else
+            out.reasons.insert(out.reasons.begin(), fmt::format("tier {} ({}): not everything is resident at once; each module takes its best tier",
+                                                                (int)out.tier, tier_name(out.tier)));
+        predict_peaks(out);
+        f.backend = backend;
+        f.params_backend = params;
+        f.headroom = req_.headroom;
+        f.max_vram = merge_max_vram(req_, caps);
+        out.flags_line = flags_line(out);
+        for (auto& [d, b] : fixed)
+            out.reasons.push_back(planner_.device(d)->max_alloc > 0
+                                      ? fmt::format("{}: budget capped at {:.0f} MiB for every module (a --max-vram cap applies to the whole job) "
+                                                    "so that no slot or state buffer exceeds its {:.0f} MiB max allocation",
+                                                    d, mib(b), mib(planner_.device(d)->max_alloc))
+                                      : fmt::format("{}: budget capped at {} MiB for every module (a --max-vram cap applies to the whole job) "
+                                                    "so that each weight segment read from disk fits the host RAM it passes through",
+                                                    d, mibs(b)));
+        return out;
+    }
+
+    /// --split-mode: row only for the modules planned as row splits (a module asked for row that
+    /// runs on one device or as a layer split gets no entry: the runtime would otherwise row
+    /// split a device list the plan made a layer split), and for modules the planner was not
+    /// given whose --backend entry names a device list, as the user asked. Adds the "not needed"
+    /// reasons to `out`.
+    std::string split_entries(FitResult& out) const {
+        std::string split;
+        for (size_t k = 0; k < nm_; ++k) {
+            const FitModule& m = req_.modules[k];
+            if (first_of_stage(k) >= 0) continue;
+            const Candidate& c = cands_[k][0];
+            const char* mn = pmodule_name(m.module);
+            if (c.place.split == SplitMode::Row) split += fmt::format("{}{}=row", split.empty() ? "" : ",", mn);
+            else if (req_.split[(size_t)m.module] == SplitMode::Row && c.place.devices.size() == 1)
+                out.reasons.push_back(fmt::format("{}: --split-mode row not needed: it runs on one device", mn));
+        }
+        for (size_t i = 0; i < kModuleCount; ++i) {
+            if (planned(i)) continue;
+            if (req_.split[i] == SplitMode::Row && req_.pinned_devices[i].size() > 1)
+                split += fmt::format("{}{}=row", split.empty() ? "" : ",", pmodule_name((PModule)i));
+        }
+        return split;
+    }
+
+    /// True when the request has a module of PModule index i.
+    bool planned(size_t i) const {
+        return std::any_of(req_.modules.begin(), req_.modules.end(), [&](const FitModule& m) { return (size_t)m.module == i; });
+    }
+
+    /// Explicit entries of modules the planner was not given (not costed by the family in this
+    /// build, e.g. a TAESD decoder, ControlNet, upscaler) are kept as the user wrote them.
+    void keep_unplanned_entries(std::string& backend, std::string& params) const {
+        for (size_t i = 0; i < kModuleCount; ++i) {
+            if (planned(i)) continue;
+            const char* mn = pmodule_name((PModule)i);
+            if (!req_.pinned_devices[i].empty())
+                backend += fmt::format("{}{}={}", backend.empty() ? "" : ",", mn, join_devices(req_.pinned_devices[i]));
+            if (req_.pinned_params[i] && !req_.pinned_params[i]->empty())
+                params += fmt::format("{}{}={}", params.empty() ? "" : ",", mn, *req_.pinned_params[i]);
+        }
+    }
+
+    /// Predicted peaks as the pipeline runs (one stage at a time: the largest stage), and for
+    /// tier 1 the bytes of every module loaded at once (what made it tier 1), with their reasons.
+    void predict_peaks(FitResult& out) const {
+        std::map<std::string, std::map<std::string, uint64_t>> by_stage;  // modules of one stage add
+        auto add_stage = [&](const std::string& stage, const ModulePlan& p) {
+            std::map<std::string, uint64_t>& here = by_stage[stage];
+            for (auto& u : p.devices) here[u.device] += u.total();
+            if (p.host_bytes) here[planner_.cpu() ? planner_.cpu()->name : "CPU"] += p.host_bytes;
+        };
+        for (auto& c : out.choices) {
+            add_stage(pmodule_name(c.module), c.plan);
+            if (c.encode_plan) add_stage(kVaeEncodeStage, *c.encode_plan);
+        }
+        for (auto& [stage, here] : by_stage) {
+            for (auto& [d, b] : here) {
+                out.predicted_peak[d] = std::max(out.predicted_peak[d], b);
+                // (the encoder is loaded in its own stage, never with the other modules)
+                if (out.tier == Tier::Resident && stage != kVaeEncodeStage) out.resident_bytes[d] += b;
+            }
+        }
+        for (auto& [d, b] : out.resident_bytes)
+            out.reasons.push_back(fmt::format("{}: {:.0f} MiB with every module loaded at once, budget {:.0f} MiB", d, mib(b), mib(planner_.device(d)->budget)));
+    }
+
+    /// The flags that reproduce the plan (FitResult::flags_line).
+    static std::string flags_line(const FitResult& out) {
+        const PlacementFlags& f = out.flags;
+        std::string line = fmt::format("--backend \"{}\"", f.backend);
+        if (!f.params_backend.empty()) line += fmt::format(" --params-backend \"{}\"", f.params_backend);
+        if (!f.split_mode.empty()) line += fmt::format(" --split-mode \"{}\"", f.split_mode);
+        if (f.stream_layers) line += " --stream-layers";
+        if (!f.max_vram.empty()) line += fmt::format(" --max-vram \"{}\"", f.max_vram);
+        if (!f.headroom.empty()) line += fmt::format(" --headroom \"{}\"", f.headroom);
+        if (out.vae_tile > 0) line += fmt::format(" --vae-tiling --vae-tile-size {}x{}", out.vae_tile, out.vae_tile);
+        return line;
+    }
+
+    const FitRequest& req_;
+    Planner planner_;
+    const size_t nm_;
+    std::vector<std::vector<Candidate>> cands_;  // per module: the candidates of its best tier
+    std::vector<Shortfall> shorts_;
+    std::vector<std::vector<Candidate>> whole_;  // single-accelerator device-resident candidates (tier 1 input)
+    std::vector<std::string> warnings_;          // FitResult::warnings
+};
+
+/// One planning pass over `req` (whose budgets already include `fixed` caps); the caps a
+/// candidate needed beyond them are returned in `new_caps`.
+FitResult fit_once(const FitRequest& req, const std::map<std::string, uint64_t>& fixed, std::map<std::string, uint64_t>& new_caps) {
+    return FitPass(req).run(fixed, new_caps);
 }
 
 }  // namespace
@@ -1033,7 +1152,7 @@ std::string format_fit(const FitResult& r, bool with_table) {
 
 MeasureCache::MeasureCache(std::filesystem::path dir, const std::vector<std::string>& key_parts) {
     if (dir.empty()) return;
-    file_ = dir / "autofit" / (pipeline::cache_key(key_parts) + ".json");
+    file_ = dir / "autofit" / (content_key(key_parts) + ".json");
     std::error_code ec;
     if (!std::filesystem::exists(file_, ec)) return;
     try {
@@ -1223,7 +1342,7 @@ constexpr const char* kDeviceFormat = "easel-autofit-device-v1";
 DeviceSpeedCache::DeviceSpeedCache(std::filesystem::path dir, std::string name, std::string description, int threads)
     : name_(std::move(name)), description_(std::move(description)) {
     if (dir.empty()) return;
-    file_ = dir / "autofit" / ("device-" + pipeline::cache_key({kDeviceFormat, name_, description_, std::to_string(threads)}) + ".json");
+    file_ = dir / "autofit" / ("device-" + content_key({kDeviceFormat, name_, description_, std::to_string(threads)}) + ".json");
 }
 
 DeviceSpeed DeviceSpeedCache::get(const std::function<DeviceSpeed()>& measure) {

@@ -175,7 +175,7 @@ FitResult auto_fit(const FitRequest& req);
 std::string format_fit(const FitResult& r, bool with_table = true);
 
 /// Compute-buffer measurements cached per shape on disk, so repeated planning of the same job
-/// does not rebuild graphs. File: <dir>/autofit/<key>.json, key = cache_key(parts) over what
+/// does not rebuild graphs. File: <dir>/autofit/<key>.json, key = content_key(parts) over what
 /// decides the measurement (model files, module, --type, shapes, flash attention). Entries are
 /// "b,e,p,e,device" -> bytes. I/O failures never fail a job: the cache is then skipped.
 class MeasureCache {
@@ -226,7 +226,7 @@ DeviceSpeed measure_device_speed(ggml_backend_dev_t dev, int threads);
 
 /// Device speeds cached on disk next to the compute-buffer cache, so that planning does not
 /// benchmark the devices every time (and gives the same plan twice: a fresh measurement varies
-/// by a few percent). File: <dir>/autofit/device-<key>.json, key = pipeline::cache_key of the
+/// by a few percent). File: <dir>/autofit/device-<key>.json, key = content_key (core/hash.h) of the
 /// format, the device's name and description and (CPU) the thread count; contents
 /// {"format": "easel-autofit-device-v1", "device": NAME, "description": DESC, "flops": F,
 /// "h2d_bytes_per_s": B} (F > 0, B >= 0, finite). An empty `dir` (--no-cache) measures every

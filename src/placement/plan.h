@@ -145,6 +145,11 @@ std::map<std::string, uint64_t> resolve_budgets(const PlacementSpec& spec, const
 ModulePlan plan_module(PModule module, const ModulePlacement& place, bool stream, const ModuleCosts& costs,
                        const std::map<std::string, uint64_t>& budgets);
 
+/// The pipeline stage of the VAE encoder's plans (ModulePlan::stage, ModuleCosts::stage): the
+/// encoder is loaded in a stage of its own, so it time-shares each device with te, diffusion and
+/// the decoder ("vae").
+inline constexpr const char* kVaeEncodeStage = "vae-encode";
+
 /// The stage of a plan: p.stage, or the module's name when empty.
 std::string stage_of(const ModulePlan& p);
 

@@ -3,8 +3,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "models/sd/unet_config.h"
-#include "models/zimage/z_image_dit.h"
 #include "placement/devices.h"
 
 #include <ggml-alloc.h>
@@ -107,71 +105,6 @@ std::shared_ptr<RowSplitRules> make_row_split_rules(std::string module, const nn
         });
     }
     if (matched == 0 && r->why_not.empty()) r->why_not = "no Linear layer of its blocks has a row-split rule";
-    return r;
-}
-
-std::shared_ptr<RowSplitRules> zimage_row_split_rules(const models::zimage::ZImageDiT& net) {
-    const auto& cfg = net.config();
-    std::vector<const nn::Block*> blocks;
-    for (int i = 0; i < net.n_blocks(); ++i) blocks.push_back(&net.block_params(i));
-    const int64_t hd = cfg.head_dim;
-    auto r = make_row_split_rules("Z-Image DiT", net, blocks,
-                                  {{"attention.to_q", RowRole::Column, hd},
-                                   {"attention.to_k", RowRole::Column, hd},
-                                   {"attention.to_v", RowRole::Column, hd},
-                                   {"attention.to_out.0", RowRole::Row, hd},
-                                   {"feed_forward.w1", RowRole::Column, 1},
-                                   {"feed_forward.w3", RowRole::Column, 1},
-                                   {"feed_forward.w2", RowRole::Row, 1}});
-    if (cfg.n_kv_heads != cfg.n_heads)
-        r->why_not = fmt::format("{} query heads share {} key/value heads (ggml's meta device splits equal head counts only)", cfg.n_heads,
-                                 cfg.n_kv_heads);
-    return r;
-}
-
-std::shared_ptr<RowSplitRules> unet_row_split_rules(const models::sd::UNetConfig& cfg, const nn::Block& root,
-                                                    const std::vector<const nn::Block*>& blocks) {
-    // head size per attention width (every TransformerSpec of the config)
-    std::map<int64_t, int64_t> head_of;
-    auto add = [&](const std::vector<models::sd::TransformerSpec>& ts) {
-        for (auto& t : ts) {
-            auto [it, fresh] = head_of.emplace(t.inner, t.head_dim);
-            if (!fresh && it->second != t.head_dim) it->second = std::lcm(it->second, t.head_dim);
-        }
-    };
-    for (auto& d : cfg.down) add(d.attentions);
-    add(cfg.mid.attentions);
-    for (auto& u : cfg.up) add(u.attentions);
-    // granule 1 first; the attention projections then get the head size of their width
-    std::vector<RowSplitPattern> pats;
-    for (const char* a : {"attn1", "attn2"}) {
-        for (const char* l : {"to_q", "to_k", "to_v"}) pats.push_back({fmt::format("{}.{}", a, l), RowRole::Column, 1});
-        pats.push_back({fmt::format("{}.to_out.0", a), RowRole::Row, 1});
-    }
-    pats.push_back({"ff.net.0.proj", RowRole::Column, 1, 2});  // GEGLU [value | gate]
-    pats.push_back({"ff.net.2", RowRole::Row, 1});
-    auto r = make_row_split_rules("SD UNet", root, blocks, pats);
-    if (!r->why_not.empty()) return r;
-    std::unordered_map<const nn::Param*, std::string> full;
-    root.visit_params("", [&](const std::string& n, const nn::Param& p) { full[&p] = n; });
-    for (const nn::Block* b : blocks)
-        b->visit_params("", [&](const std::string& rel, const nn::Param& p) {
-            auto it = r->by_param.find(full.at(&p));
-            if (it == r->by_param.end() || it->second.role == RowRole::Mirror) return;
-            if (rel.find("attn1.") == std::string::npos && rel.find("attn2.") == std::string::npos) return;
-            const int64_t width = it->second.role == RowRole::Row ? p.shape.at(1) : p.shape.at(0);
-            auto h = head_of.find(width);
-            if (h == head_of.end() || h->second <= 0 || width % h->second != 0) {
-                r->why_not = fmt::format("no head size known for the attention width {} of {}", width, full.at(&p));
-                return;
-            }
-            it->second.granule = h->second;
-            const int64_t units = width / h->second / it->second.segments;  // whole heads now
-            if (units < r->max_devices) {
-                r->max_devices = units;
-                r->max_devices_param = full.at(&p);
-            }
-        });
     return r;
 }
 
@@ -333,26 +266,7 @@ void RowSplitDevice::load(nn::Block& root, const nn::TensorSource& src, const nn
             ~Free() { ggml_free(c); }
         } free_hc{hc};
         ggml_tensor* h = ggml_new_tensor(hc, td.t->type, 4, td.t->ne);
-        const nn::TensorSource::Derived* d = src.derived(td.name);
-        if (d && d->transpose) {
-            const io::TensorInfo* st = src.index().find(d->stored);
-            std::vector<float> v = src.index().read_f32(*st);
-            const int64_t rows = st->shape[0], cols = st->shape[1];
-            std::vector<float> tr(v.size());
-            for (int64_t i = 0; i < rows; ++i)
-                for (int64_t j = 0; j < cols; ++j) tr[(size_t)(j * rows + i)] = v[(size_t)(i * cols + j)];
-            const int64_t ne = (int64_t)tr.size();
-            switch (h->type) {
-                case GGML_TYPE_F32: std::memcpy(h->data, tr.data(), nbytes); break;
-                case GGML_TYPE_F16: ggml_fp32_to_fp16_row(tr.data(), (ggml_fp16_t*)h->data, ne); break;
-                case GGML_TYPE_BF16: ggml_fp32_to_bf16_row(tr.data(), (ggml_bf16_t*)h->data, ne); break;
-                default: ggml_quantize_chunk(h->type, tr.data(), h->data, 0, ggml_nrows(h), h->ne[0], nullptr);
-            }
-        } else {
-            io::TensorInfo info = *td.info;
-            info.shape = td.p->shape;
-            src.index().load_into(info, h);
-        }
+        nn::read_param(src, td.name, *td.p, *td.info, h);
         ggml_backend_tensor_set(td.t, h->data, 0, nbytes);
         td.p->tensor = td.t;
     }

@@ -45,13 +45,6 @@
 #include <unordered_map>
 #include <vector>
 
-namespace easel::models::zimage {
-class ZImageDiT;
-}
-namespace easel::models::sd {
-struct UNetConfig;
-}
-
 namespace easel::placement {
 
 /// The tensor-parallel role of one parameter.
@@ -110,19 +103,6 @@ struct RowSplitRules {
 /// e.g. T5's relative_attention_bias [buckets, heads] as Row (its heads, ggml axis 0).
 std::shared_ptr<RowSplitRules> make_row_split_rules(std::string module, const nn::Block& root, const std::vector<const nn::Block*>& blocks,
                                                     const std::vector<RowSplitPattern>& patterns);
-
-/// The rules of the Z-Image DiT's main layers: attention.to_q/k/v column on whole heads,
-/// attention.to_out.0 row, feed_forward.w1/w3 column, feed_forward.w2 row (SwiGLU); refiners,
-/// embedders, adaLN and the final layer are in the prologue/epilogue or mirrored. Refused
-/// (why_not) with n_kv_heads != n_heads (GQA, see the file comment).
-std::shared_ptr<RowSplitRules> zimage_row_split_rules(const models::zimage::ZImageDiT& net);
-
-/// The rules of an SD UNet (UNet2DCondition blocks): in every BasicTransformerBlock attn1/attn2
-/// to_q/to_k/to_v column on whole heads (head size from the config), to_out.0 row,
-/// ff.net.0.proj (GEGLU [value | gate], 2 segments) column, ff.net.2 row; resnets, convs, group
-/// norms, proj_in/proj_out mirrored.
-std::shared_ptr<RowSplitRules> unet_row_split_rules(const models::sd::UNetConfig& cfg, const nn::Block& root,
-                                                    const std::vector<const nn::Block*>& blocks);
 
 /// Features per device of a split dimension of `n` features: whole units of `granule`, spread
 /// as evenly as possible (the first devices get one more unit when they do not divide).

@@ -1,7 +1,7 @@
 // PlacedSequence: any nn::Sequence<I, S, O> run under a placement plan, planned for the job's
 // shapes on the first evaluation and again whenever the shapes change. It is what a family
 // uses to run a module (UNet, DiT, text encoder) under FamilyOptions::placement; PlacedUNet
-// (placement/sd_unet.h) is one instance. How a family adopts it: docs/placement.md, "Placing a
+// (models/sd/placed_unet.h) is one instance. How a family adopts it: docs/placement.md, "Placing a
 // module of a new family".
 //
 // The caller owns the module's Block tree and its TensorSource (both must outlive the object)
@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-namespace easel::placement {
+namespace easel::runtime {
 
 /// A Sequence that runs `base`'s prologue and blocks but has its own epilogue (e.g. a hidden
 /// state instead of the final norm: Z-Image reads Qwen3's hidden_states[-2], the raw output of
@@ -61,18 +61,18 @@ private:
 /// for --split-mode row, or null. Throws Error(ModelMismatch) when the weights do not bind
 /// (nn::check_binding: missing, unexpected or mis-shaped tensors), else as SequenceRunner's constructor.
 template <class I, class S, class O>
-ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn::Block& root, const nn::Sequence<I, S, O>& seq,
-                                 const nn::TensorSource& src, nn::LoadOptions lo, int threads, bool flash_attn,
-                                 typename runtime::SequenceRunner<I, S, O>::InputsFn make_inputs,
-                                 typename runtime::SequenceRunner<I, S, O>::SelectFn select, std::string label,
-                                 std::shared_ptr<const RowSplitRules> row_split = nullptr) {
-    using Runner = runtime::SequenceRunner<I, S, O>;
+placement::ModuleCosts self_contained_costs(placement::PModule module, std::shared_ptr<void> keep, nn::Block& root,
+                                            const nn::Sequence<I, S, O>& seq, const nn::TensorSource& src, nn::LoadOptions lo, int threads,
+                                            bool flash_attn, typename SequenceRunner<I, S, O>::InputsFn make_inputs,
+                                            typename SequenceRunner<I, S, O>::SelectFn select, std::string label,
+                                            std::shared_ptr<const placement::RowSplitRules> row_split = nullptr) {
+    using Runner = SequenceRunner<I, S, O>;
     // the file's headers checked against the module as loading will (the same binding): a
     // missing or mis-shaped tensor is reported when the family is costed, before any stage runs
     if (std::string why = nn::check_binding(root, src, lo); !why.empty()) fail(ErrorKind::ModelMismatch, "{}", why);
     auto runner = std::make_shared<Runner>(root, seq, src, std::move(lo), threads, flash_attn);
     if (row_split) runner->set_row_split(std::move(row_split));
-    ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
+    placement::ModuleCosts c = runner->costs(std::move(make_inputs), std::move(select), std::move(label));
     // pair members are destroyed second first: the runner before what it points into
     auto hold = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<Runner>>>(std::move(keep), runner);
     c.measure = [hold, m = c.measure](int b, int e, bool pro, bool epi, const std::string& dev) { return m(b, e, pro, epi, dev); };
@@ -88,7 +88,7 @@ ModuleCosts self_contained_costs(PModule module, std::shared_ptr<void> keep, nn:
 template <class I, class S, class O>
 class PlacedSequence {
 public:
-    using Runner = runtime::SequenceRunner<I, S, O>;
+    using Runner = SequenceRunner<I, S, O>;
     using Seq = nn::Sequence<I, S, O>;
     using InputsFn = typename Runner::InputsFn;
     using SelectFn = typename Runner::SelectFn;
@@ -97,20 +97,20 @@ public:
     /// how parameters load (--type); spec: the resolved placement; module: which entry of it;
     /// stream: stream the blocks (--stream-layers; the spec's flag applies to the diffusion
     /// module). root, seq and src are kept by reference: they must outlive this object.
-    PlacedSequence(nn::Block& root, const Seq& seq, const nn::TensorSource& src, nn::LoadOptions lo, PModule module, PlacementSpec spec,
-                   int threads, bool flash_attn)
+    PlacedSequence(nn::Block& root, const Seq& seq, const nn::TensorSource& src, nn::LoadOptions lo, placement::PModule module,
+                   placement::PlacementSpec spec, int threads, bool flash_attn)
         : root_(root), seq_(seq), src_(src), lo_(std::move(lo)), module_(module), spec_(std::move(spec)), threads_(threads),
           flash_(flash_attn) {}
 
     /// The plan for one evaluation at the shapes make_inputs declares, without loading anything.
     /// Throws Error(OutOfMemory) with the planner's message when it does not fit.
-    ModulePlan plan(const InputsFn& make_inputs, const SelectFn& select, const std::string& label) {
+    placement::ModulePlan plan(const InputsFn& make_inputs, const SelectFn& select, const std::string& label) {
         auto r = make_runner();
         auto costs = r->costs(make_inputs, select, label);
         costs.module = module_;
-        ModulePlan p = plan_module(module_, spec_[module_], module_ == PModule::Diffusion && spec_.stream_layers, costs,
-                                   resolve_budgets(spec_, list_devices()));
-        p.stage = pmodule_name(module_);
+        placement::ModulePlan p = placement::plan_module(module_, spec_[module_], module_ == placement::PModule::Diffusion && spec_.stream_layers,
+                                                         costs, placement::resolve_budgets(spec_, placement::list_devices()));
+        p.stage = placement::pmodule_name(module_);
         return p;
     }
 
@@ -119,12 +119,12 @@ public:
     /// reloaded only when the segments differ (same layout: the loaded weights are kept and the
     /// plan's compute/state bytes become the larger of the two). Returns the selected outputs as F32 host tensors. Throws as plan() and
     /// SequenceRunner::run().
-    std::vector<runtime::HostTensor> run(const std::vector<int64_t>& shape, const InputsFn& make_inputs, const SelectFn& select,
+    std::vector<HostTensor> run(const std::vector<int64_t>& shape, const InputsFn& make_inputs, const SelectFn& select,
                                          const std::string& label) {
         if (!runner_ || shape != shape_) {
             auto it = plans_.find(shape);
             if (it == plans_.end()) it = plans_.emplace(shape, plan(make_inputs, select, label)).first;
-            const ModulePlan& p = it->second;
+            const placement::ModulePlan& p = it->second;
             if (runner_ && same_layout(p, runner_->plan())) {
                 // same segments, devices and residencies (e.g. the positive and the negative
                 // prompt of CFG, captions of different lengths): keep the loaded weights; the
@@ -136,7 +136,7 @@ public:
                     runner_.reset();
                 }
                 plan_ = p;
-                log::info("placement plan for the {} module:\n{}", pmodule_name(module_), format_plan({plan_}));
+                log::info("placement plan for the {} module:\n{}", placement::pmodule_name(module_), placement::format_plan({plan_}));
                 runner_ = make_runner();
                 runner_->split_non_block_params(make_inputs, select);  // as the costs' runner did
                 runner_->load(plan_);
@@ -148,7 +148,7 @@ public:
     }
 
     /// The plan in use (no segments before the first run()).
-    const ModulePlan& current_plan() const { return plan_; }
+    const placement::ModulePlan& current_plan() const { return plan_; }
     /// Measured peaks per device since construction (runners freed when shapes changed
     /// included); empty before the first run().
     std::map<std::string, uint64_t> peaks() const {
@@ -170,16 +170,16 @@ public:
     /// --split-mode row: the module's tensor-parallel rules (placement/row_split.h), applied to
     /// every runner made after this call (the next plan). Without rules a row split falls back to
     /// layer split with a warning.
-    void set_row_split(std::shared_ptr<const RowSplitRules> rules) { row_rules_ = std::move(rules); }
+    void set_row_split(std::shared_ptr<const placement::RowSplitRules> rules) { row_rules_ = std::move(rules); }
     /// Segments whose upload overlapped the previous compute (devices with events).
     int prefetched_uploads() const { return runner_ ? runner_->prefetched_uploads() : 0; }
 
     /// True when a and b have the same segments (device, block range, residency, per-eval) and
     /// runtime devices: a runner loaded for one can run the other.
-    static bool same_layout(const ModulePlan& a, const ModulePlan& b) {
+    static bool same_layout(const placement::ModulePlan& a, const placement::ModulePlan& b) {
         if (a.segments.size() != b.segments.size() || a.devices.size() != b.devices.size()) return false;
         for (size_t i = 0; i < a.segments.size(); ++i) {
-            const Segment &x = a.segments[i], &y = b.segments[i];
+            const placement::Segment &x = a.segments[i], &y = b.segments[i];
             if (x.device != y.device || x.begin != y.begin || x.end != y.end || x.residency != y.residency || x.per_eval != y.per_eval)
                 return false;
         }
@@ -188,7 +188,7 @@ public:
         return true;
     }
     /// p's compute and state bytes raised to q's where larger (same layout).
-    static void widen(ModulePlan& p, const ModulePlan& q) {
+    static void widen(placement::ModulePlan& p, const placement::ModulePlan& q) {
         for (size_t i = 0; i < p.segments.size(); ++i) {
             p.segments[i].compute_bytes = std::max(p.segments[i].compute_bytes, q.segments[i].compute_bytes);
             p.segments[i].state_bytes = std::max(p.segments[i].state_bytes, q.segments[i].state_bytes);
@@ -210,17 +210,17 @@ private:
     const Seq& seq_;
     const nn::TensorSource& src_;
     nn::LoadOptions lo_;
-    PModule module_;
-    PlacementSpec spec_;
+    placement::PModule module_;
+    placement::PlacementSpec spec_;
     int threads_;
     bool flash_;
     std::unique_ptr<Runner> runner_;
-    ModulePlan plan_;
+    placement::ModulePlan plan_;
     std::vector<int64_t> shape_;
-    std::map<std::vector<int64_t>, ModulePlan> plans_;  // plans made so far, by shape
+    std::map<std::vector<int64_t>, placement::ModulePlan> plans_;  // plans made so far, by shape
     bool phase_ = true;  // a phase lasts while the module is loaded
-    std::shared_ptr<const RowSplitRules> row_rules_;
+    std::shared_ptr<const placement::RowSplitRules> row_rules_;
     std::map<std::string, uint64_t> peaks_;
 };
 
-}  // namespace easel::placement
+}  // namespace easel::runtime

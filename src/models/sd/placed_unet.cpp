@@ -1,17 +1,19 @@
-// PlacedUNet (see sd_unet.h).
-#include "placement/sd_unet.h"
+// PlacedUNet (see placed_unet.h).
+#include "models/sd/placed_unet.h"
 
 #include "core/log.h"
-#include "placement/row_split.h"
+#include "models/sd/unet_row_split.h"
 
-namespace easel::placement {
+namespace easel::models::sd {
 
-using models::sd::UNetInputs;
+using placement::ModuleCosts;
+using placement::ModulePlan;
+using placement::PModule;
 
 namespace {
 
 /// The UNet's inputs at batch n, latent h x w, `tokens` context tokens, from host buffers.
-std::function<UNetInputs(runtime::GraphBuilder&)> unet_inputs(const models::sd::UNetConfig& cfg, int64_t n, int64_t h, int64_t w,
+std::function<UNetInputs(runtime::GraphBuilder&)> unet_inputs(const UNetConfig& cfg, int64_t n, int64_t h, int64_t w,
                                                               int64_t tokens, std::span<const float> x, std::span<const float> t,
                                                               std::span<const float> c) {
     return [=, &cfg](runtime::GraphBuilder& g) {
@@ -25,8 +27,8 @@ std::function<UNetInputs(runtime::GraphBuilder&)> unet_inputs(const models::sd::
 
 std::vector<ggml_tensor*> unet_output(ggml_tensor*& o) { return {o}; }
 
-/// --split-mode row: the UNet's transformer blocks split on ggml's meta device (row_split.h).
-std::shared_ptr<const RowSplitRules> unet_row_rules(const models::sd::UNetConfig& cfg, const models::sd::UNet2DCondition& net) {
+/// --split-mode row: the UNet's transformer blocks split on ggml's meta device (unet_row_split.h).
+std::shared_ptr<const placement::RowSplitRules> unet_row_rules(const UNetConfig& cfg, const UNet2DCondition& net) {
     std::vector<const nn::Block*> blocks;
     for (int i = 0; i < net.n_blocks(); ++i) blocks.push_back(&net.block_params(i));
     return unet_row_split_rules(cfg, net, blocks);
@@ -38,14 +40,14 @@ std::string unet_label(int blocks, int64_t n, int64_t cin, int64_t h, int64_t w)
 
 }  // namespace
 
-ModuleCosts unet_costs(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, int threads, bool flash_attn,
+ModuleCosts unet_costs(const io::WeightIndex& index, const UNetConfig& cfg, nn::LoadOptions lo, int threads, bool flash_attn,
                        int64_t n, int64_t h, int64_t w, int64_t tokens) {
     struct Keep {
-        models::sd::UNetConfig cfg;
+        UNetConfig cfg;
         nn::TensorSource src;
-        models::sd::UNet2DCondition net;
+        UNet2DCondition net;
         std::vector<float> x, t, c;
-        Keep(const io::WeightIndex& i, const models::sd::UNetConfig& k) : cfg(k), src(models::sd::make_unet_source(i, k)), net(k) {}
+        Keep(const io::WeightIndex& i, const UNetConfig& k) : cfg(k), src(make_unet_source(i, k)), net(k) {}
     };
     auto k = std::make_shared<Keep>(index, cfg);
     k->x.resize((size_t)(n * cfg.in_channels * h * w));
@@ -53,14 +55,14 @@ ModuleCosts unet_costs(const io::WeightIndex& index, const models::sd::UNetConfi
     k->c.resize((size_t)(n * tokens * cfg.context_dim));
     auto mk = unet_inputs(k->cfg, n, h, w, tokens, k->x, k->t, k->c);  // spans into k, kept alive by the costs
     const std::string label = unet_label(k->net.n_blocks(), n, cfg.in_channels, h, w);
-    return self_contained_costs<UNetInputs, models::sd::UNetState, ggml_tensor*>(PModule::Diffusion, k, k->net, k->net, k->src, std::move(lo),
+    return runtime::self_contained_costs<UNetInputs, UNetState, ggml_tensor*>(PModule::Diffusion, k, k->net, k->net, k->src, std::move(lo),
                                                                                  threads, flash_attn, mk, unet_output, label,
                                                                                  unet_row_rules(k->cfg, k->net));
 }
 
-PlacedUNet::PlacedUNet(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, PlacementSpec spec,
+PlacedUNet::PlacedUNet(const io::WeightIndex& index, const UNetConfig& cfg, nn::LoadOptions lo, placement::PlacementSpec spec,
                        int threads, bool flash_attn)
-    : cfg_(cfg), src_(models::sd::make_unet_source(index, cfg)), net_(std::make_unique<models::sd::UNet2DCondition>(cfg)),
+    : cfg_(cfg), src_(make_unet_source(index, cfg)), net_(std::make_unique<UNet2DCondition>(cfg)),
       placed_(*net_, *net_, src_, std::move(lo), PModule::Diffusion, std::move(spec), threads, flash_attn) {
     placed_.set_row_split(unet_row_rules(cfg_, *net_));
 }
@@ -87,4 +89,4 @@ void PlacedUNet::begin_phase() { placed_.begin_phase(); }
 
 void PlacedUNet::end_phase() { placed_.end_phase(); }
 
-}  // namespace easel::placement
+}  // namespace easel::models::sd

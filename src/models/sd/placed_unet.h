@@ -5,33 +5,33 @@
 #pragma once
 
 #include "models/sd/unet.h"
-#include "placement/placed_sequence.h"
 #include "placement/plan.h"
+#include "runtime/placed_sequence.h"
 #include "runtime/sequence_runner.h"
 
 #include <memory>
 #include <span>
 
-namespace easel::placement {
+namespace easel::models::sd {
 
 /// Planner inputs of the SD UNet (its weights in `index`, configuration `cfg`) for a batch of
 /// `n` latents [n, Cin, h, w] with a context of `tokens` x context_dim, without loading
 /// anything (self_contained_costs). `index` must outlive the returned callbacks.
-ModuleCosts unet_costs(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, int threads, bool flash_attn,
+placement::ModuleCosts unet_costs(const io::WeightIndex& index, const UNetConfig& cfg, nn::LoadOptions lo, int threads, bool flash_attn,
                        int64_t n, int64_t h, int64_t w, int64_t tokens);
 
-/// A UNet whose parameters are placed by a ModulePlan (a PlacedSequence over the UNet).
+/// A UNet whose parameters are placed by a placement::ModulePlan (a PlacedSequence over the UNet).
 class PlacedUNet {
 public:
     /// index/cfg: the UNet's weights and configuration (kept by reference: must outlive this);
     /// lo: load options (--type); spec: the resolved placement (its diffusion entry is used).
-    PlacedUNet(const io::WeightIndex& index, const models::sd::UNetConfig& cfg, nn::LoadOptions lo, PlacementSpec spec, int threads,
+    PlacedUNet(const io::WeightIndex& index, const UNetConfig& cfg, nn::LoadOptions lo, placement::PlacementSpec spec, int threads,
                bool flash_attn);
     ~PlacedUNet();
 
     /// Plans for a batch of `n` latents [n, Cin, h, w] with a context of `tokens` x context_dim
     /// without loading anything. Throws Error(OutOfMemory) when the plan does not fit.
-    ModulePlan plan(int64_t n, int64_t h, int64_t w, int64_t tokens);
+    placement::ModulePlan plan(int64_t n, int64_t h, int64_t w, int64_t tokens);
 
     /// One evaluation: x [n, Cin, h, w], timesteps [n], context [n, tokens, D] (PyTorch order)
     /// -> prediction [n, Cout, h, w]. Plans and loads on the first call and when the shapes
@@ -40,7 +40,7 @@ public:
              int64_t tokens, std::span<float> out);
 
     /// The plan in use (empty before the first run()).
-    const ModulePlan& current_plan() const { return placed_.current_plan(); }
+    const placement::ModulePlan& current_plan() const { return placed_.current_plan(); }
     /// Measured peaks per device of the loaded runner (empty before the first run()).
     std::map<std::string, uint64_t> peaks() const;
     /// Stages Host/Disk weights for a phase of several run() calls (the denoising loop).
@@ -48,12 +48,12 @@ public:
     void end_phase();
 
 private:
-    using Placed = PlacedSequence<models::sd::UNetInputs, models::sd::UNetState, ggml_tensor*>;
+    using Placed = runtime::PlacedSequence<UNetInputs, UNetState, ggml_tensor*>;
 
-    models::sd::UNetConfig cfg_;
+    UNetConfig cfg_;
     nn::TensorSource src_;
-    std::unique_ptr<models::sd::UNet2DCondition> net_;
+    std::unique_ptr<UNet2DCondition> net_;
     Placed placed_;
 };
 
-}  // namespace easel::placement
+}  // namespace easel::models::sd

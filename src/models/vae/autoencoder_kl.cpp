@@ -293,7 +293,7 @@ AttnProjection::AttnProjection(int64_t ch, bool conv_shape) : channels(ch) {
 ggml_tensor* AttnProjection::forward(nn::Ctx& c, ggml_tensor* x) const {
     ggml_tensor* W = w->tensor;
     if (ggml_n_dims(W) > 2) W = ggml_reshape_2d(c.ctx, W, channels, channels);  // [C, C, 1, 1] -> [C, C]
-    return ggml_add(c.ctx, ggml_mul_mat(c.ctx, W, x), b->tensor);
+    return ggml_add(c.ctx, nn::weight_matmul(c, *w, W, x), b->tensor);
 }
 
 VaeAttention::VaeAttention(int64_t ch, int groups, float eps, bool conv_shape) : channels(ch) {

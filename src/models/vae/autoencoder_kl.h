@@ -245,7 +245,7 @@ struct KLEncodeUnit {
 
 /// The AutoencoderKL encoder (with quant_conv) as a typed block sequence (nn::Sequence), so the
 /// placement runtime can cut it into segments on devices, keep its weights in RAM or on disk,
-/// and measure any block range (placement/vae_encoder.h):
+/// and measure any block range (models/vae/placed_encoder.h):
 ///   prologue   encoder.conv_in: image {W, H, in, N} -> {W, H, C0, N}
 ///   block[i]   in order: for each down block b (highest resolution first)
 ///              down_blocks.b.resnets.0..layers-1, then down_blocks.b.downsamplers.0 (all but the

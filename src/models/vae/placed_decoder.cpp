@@ -1,5 +1,5 @@
-// PlacedVaeDecoder and vae_decoder_costs (see vae_decoder.h).
-#include "placement/vae_decoder.h"
+// PlacedVaeDecoder and vae_decoder_costs (see placed_decoder.h).
+#include "models/vae/placed_decoder.h"
 
 #include "core/error.h"
 
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace easel::placement {
+namespace easel::vae {
 
 using vae::KLDecodeInputs;
 using vae::KLDecodeState;
@@ -46,7 +46,7 @@ std::string decoder_label(const vae::AutoencoderKL& net, int64_t n, int64_t h, i
 }
 
 /// Costs of one decode graph of a batch-1 latent of h x w cells; owns everything it uses.
-ModuleCosts graph_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w, const std::string& label_suffix) {
+placement::ModuleCosts graph_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w, const std::string& label_suffix) {
     struct Keep {
         DecoderModel m;
         std::vector<float> z;
@@ -55,27 +55,27 @@ ModuleCosts graph_costs(const VaeDecoderSource& s, int threads, bool flash_attn,
     auto k = std::make_shared<Keep>(s);
     const int64_t L = k->m.cfg.latent_channels;
     k->z.assign((size_t)(L * h * w), 0.0f);
-    return self_contained_costs<KLDecodeInputs, KLDecodeState, ggml_tensor*>(
-        PModule::Vae, k, *k->m.net, *k->m.net, *k->m.src, k->m.lo, threads, flash_attn, decoder_inputs(L, 1, h, w, k->z), decoder_output,
+    return runtime::self_contained_costs<KLDecodeInputs, KLDecodeState, ggml_tensor*>(
+        placement::PModule::Vae, k, *k->m.net, *k->m.net, *k->m.src, k->m.lo, threads, flash_attn, decoder_inputs(L, 1, h, w, k->z), decoder_output,
         decoder_label(*k->m.net, 1, h, w) + label_suffix);
 }
 
 }  // namespace
 
-ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w, const vae::TilingOptions& tiling) {
+placement::ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w, const vae::TilingOptions& tiling) {
     if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "VAE decoder costs: empty latent {}x{}", w, h);
     if (!s.index) fail(ErrorKind::Internal, "VaeDecoderSource without a weight index");
     const vae::AutoencoderKLConfig cfg = vae::infer_autoencoder_kl_config(*s.index, s.src, s.overrides);
     const auto [gh, gw] = vae::decode_graph_latent(cfg, h, w, tiling);
     const std::string suffix = (gh != h || gw != w) ? fmt::format(" (tiles of a {}x{} latent)", h, w) : "";
-    ModuleCosts c = graph_costs(s, threads, flash_attn, gh, gw, suffix);
+    placement::ModuleCosts c = graph_costs(s, threads, flash_attn, gh, gw, suffix);
     c.latent_h = h;
     c.latent_w = w;
     if (gh != h || gw != w) {
         // FLOPs of the whole decode at the job's latent (one untiled graph of h x w, built on first
         // use; its graphs are shape-only, nothing allocated), not of the first tile the bytes are
         // measured at
-        auto whole = std::make_shared<std::optional<ModuleCosts>>();
+        auto whole = std::make_shared<std::optional<placement::ModuleCosts>>();
         c.flops = [s, threads, flash_attn, h, w, whole](int b, int e, bool pro, bool epi) -> double {
             if (!*whole) *whole = graph_costs(s, threads, flash_attn, h, w, "");
             return (*whole)->flops(b, e, pro, epi);
@@ -83,13 +83,13 @@ ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash
     }
     // one tile t x t (clipped to the latent) as one graph: the costs of each tile size are made
     // on first use and kept (the callbacks may be called for many devices)
-    auto tiles = std::make_shared<std::map<int, ModuleCosts>>();
+    auto tiles = std::make_shared<std::map<int, placement::ModuleCosts>>();
     c.measure_tile = [s, threads, flash_attn, h, w, tiles](int t, const std::string& device) -> uint64_t {
         if (t <= 0) fail(ErrorKind::InvalidInput, "VAE tile of {} latent cells", t);
         auto it = tiles->find(t);
         if (it == tiles->end())
             it = tiles->emplace(t, graph_costs(s, threads, flash_attn, std::min<int64_t>(t, h), std::min<int64_t>(t, w), " (one tile)")).first;
-        const ModuleCosts& tc = it->second;
+        const placement::ModuleCosts& tc = it->second;
         return tc.measure(0, (int)tc.block_bytes.size(), true, true, device);
     };
     return c;
@@ -99,15 +99,15 @@ struct PlacedVaeDecoder::Model : DecoderModel {
     using DecoderModel::DecoderModel;
 };
 
-PlacedVaeDecoder::PlacedVaeDecoder(const VaeDecoderSource& s, PlacementSpec spec, int threads, bool flash_attn)
+PlacedVaeDecoder::PlacedVaeDecoder(const VaeDecoderSource& s, placement::PlacementSpec spec, int threads, bool flash_attn)
     : model_(std::make_unique<Model>(s)),
-      placed_(*model_->net, *model_->net, *model_->src, model_->lo, PModule::Vae, std::move(spec), threads, flash_attn) {}
+      placed_(*model_->net, *model_->net, *model_->src, model_->lo, placement::PModule::Vae, std::move(spec), threads, flash_attn) {}
 
 PlacedVaeDecoder::~PlacedVaeDecoder() = default;
 
 const vae::AutoencoderKLConfig& PlacedVaeDecoder::config() const { return model_->cfg; }
 
-ModulePlan PlacedVaeDecoder::plan(int64_t n, int64_t h, int64_t w) {
+placement::ModulePlan PlacedVaeDecoder::plan(int64_t n, int64_t h, int64_t w) {
     if (n <= 0 || h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "VAE decoder plan: empty latent {}x{}x{}", n, h, w);
     std::vector<float> z((size_t)(n * model_->cfg.latent_channels * h * w));
     return placed_.plan(decoder_inputs(model_->cfg.latent_channels, n, h, w, z), decoder_output, decoder_label(*model_->net, n, h, w));
@@ -142,4 +142,4 @@ uint64_t PlacedVaeDecoder::param_bytes() const {
     return b;
 }
 
-}  // namespace easel::placement
+}  // namespace easel::vae

@@ -14,14 +14,14 @@
 
 #include "io/weight_index.h"
 #include "models/vae/autoencoder_kl.h"
-#include "placement/placed_sequence.h"
 #include "placement/plan.h"
+#include "runtime/placed_sequence.h"
 
 #include <map>
 #include <memory>
 #include <string>
 
-namespace easel::placement {
+namespace easel::vae {
 
 /// Where a family's AutoencoderKL lies: the weight index (kept by reference: it must outlive
 /// whatever is built from this), the source found by vae::find_autoencoder_kl (prefix, layout;
@@ -43,7 +43,7 @@ struct VaeDecoderSource {
 /// Nothing is loaded. Throws Error(ModelMismatch) when the source holds no decoder or its keys
 /// do not describe an AutoencoderKL, Error(InvalidInput) for a tile size that is not a positive
 /// multiple of the VAE factor.
-ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w,
+placement::ModuleCosts vae_decoder_costs(const VaeDecoderSource& s, int threads, bool flash_attn, int64_t h, int64_t w,
                               const vae::TilingOptions& tiling = {});
 
 /// An AutoencoderKL decoder whose parameters are placed by a ModulePlan (a PlacedSequence over
@@ -52,7 +52,7 @@ class PlacedVaeDecoder {
 public:
     /// s: the decoder's weights (its index must outlive this); spec: the resolved placement.
     /// Reads headers only. Throws as vae_decoder_costs.
-    PlacedVaeDecoder(const VaeDecoderSource& s, PlacementSpec spec, int threads, bool flash_attn);
+    PlacedVaeDecoder(const VaeDecoderSource& s, placement::PlacementSpec spec, int threads, bool flash_attn);
     ~PlacedVaeDecoder();
     PlacedVaeDecoder(const PlacedVaeDecoder&) = delete;
     PlacedVaeDecoder& operator=(const PlacedVaeDecoder&) = delete;
@@ -61,7 +61,7 @@ public:
 
     /// The plan of one decode graph of a latent [n, L, h, w], without loading anything. Throws
     /// Error(OutOfMemory) with the planner's message when it does not fit.
-    ModulePlan plan(int64_t n, int64_t h, int64_t w);
+    placement::ModulePlan plan(int64_t n, int64_t h, int64_t w);
 
     /// Raw latent [N, L, h, w] -> image [N, out, h*f, w*f] (about [-1, 1]), tiled as
     /// vae::decode_with decides (each tile one evaluation of the sequence). Plans (at the first,
@@ -72,17 +72,17 @@ public:
     vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling = {});
 
     /// The plan in use (no segments before the first decode()).
-    const ModulePlan& current_plan() const { return placed_.current_plan(); }
+    const placement::ModulePlan& current_plan() const { return placed_.current_plan(); }
     /// Measured peak bytes per device since construction (empty before the first decode()).
     std::map<std::string, uint64_t> peaks() const { return placed_.peaks(); }
     /// Parameter bytes the current plan loads (0 before the first decode()).
     uint64_t param_bytes() const;
 
 private:
-    using Placed = PlacedSequence<vae::KLDecodeInputs, vae::KLDecodeState, ggml_tensor*>;
+    using Placed = runtime::PlacedSequence<vae::KLDecodeInputs, vae::KLDecodeState, ggml_tensor*>;
     struct Model;                   // the decoder-only tree, its TensorSource and load options
     std::unique_ptr<Model> model_;  // before placed_, which refers into it
     Placed placed_;
 };
 
-}  // namespace easel::placement
+}  // namespace easel::vae

@@ -1,5 +1,5 @@
-// PlacedVaeEncoder, vae_encoder_costs and plan_vae_encode (see vae_encoder.h).
-#include "placement/vae_encoder.h"
+// PlacedVaeEncoder, vae_encoder_costs and plan_vae_encode (see placed_encoder.h).
+#include "models/vae/placed_encoder.h"
 
 #include "core/error.h"
 
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace easel::placement {
+namespace easel::vae {
 
 using vae::KLEncodeInputs;
 using vae::KLEncodeState;
@@ -53,7 +53,8 @@ void check_image(const vae::AutoencoderKLConfig& cfg, int64_t n, int64_t H, int6
 
 }  // namespace
 
-ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash_attn, int64_t H, int64_t W, const vae::TilingOptions& tiling) {
+placement::ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash_attn, int64_t H, int64_t W,
+                                         const vae::TilingOptions& tiling) {
     struct Keep {
         EncoderModel m;
         std::vector<float> x;
@@ -66,7 +67,7 @@ ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash
     k->x.assign((size_t)(C * gh * gw), 0.0f);
     const vae::KLEncoderSequence& seq = k->m.net->encoder_sequence();
     const std::string suffix = (gh != H || gw != W) ? fmt::format(" (tiles of a {}x{} image)", W, H) : "";
-    return self_contained_costs<KLEncodeInputs, KLEncodeState, ggml_tensor*>(PModule::Vae, k, *k->m.net, seq, *k->m.src, k->m.lo, threads,
+    return runtime::self_contained_costs<KLEncodeInputs, KLEncodeState, ggml_tensor*>(placement::PModule::Vae, k, *k->m.net, seq, *k->m.src, k->m.lo, threads,
                                                                               flash_attn, encoder_inputs(C, 1, gh, gw, k->x), encoder_output,
                                                                               encoder_label(seq, C, 1, gh, gw) + suffix);
 }
@@ -78,7 +79,7 @@ std::vector<std::pair<int64_t, int64_t>> encode_sizes_at(const std::vector<std::
     return r;
 }
 
-std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
+std::optional<placement::ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
                                               const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling) {
     if (sizes.empty()) return std::nullopt;
     if (!s.index) fail(ErrorKind::Internal, "VaeEncoderSource without a weight index");
@@ -93,23 +94,25 @@ std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int thr
     return vae_encoder_costs(s, threads, flash_attn, best_img.first, best_img.second, tiling);
 }
 
-ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets) {
-    ModulePlan p;
+placement::ModulePlan plan_encode_stage(const placement::ModuleCosts& costs, const placement::PlacementSpec& spec,
+                                        const std::map<std::string, uint64_t>& budgets) {
+    placement::ModulePlan p;
     try {
-        p = plan_module(PModule::Vae, spec[PModule::Vae], false, costs, budgets);
+        p = placement::plan_module(placement::PModule::Vae, spec[placement::PModule::Vae], false, costs, budgets);
     } catch (const Error& e) {
         // say that it is the image encode (the decoder under the same entry may fit)
         if (e.kind() != ErrorKind::OutOfMemory) throw;
-        fail(ErrorKind::OutOfMemory, "the image encode ({} stage, the VAE encoder): {}", kVaeEncodeStage, e.what());
+        fail(ErrorKind::OutOfMemory, "the image encode ({} stage, the VAE encoder): {}", placement::kVaeEncodeStage, e.what());
     }
-    p.stage = kVaeEncodeStage;
+    p.stage = placement::kVaeEncodeStage;
     return p;
 }
 
-std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
-                                        int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
+std::vector<placement::ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const placement::PlacementSpec& spec,
+                                                   const std::map<std::string, uint64_t>& budgets, int threads, bool flash_attn,
+                                                   const std::vector<std::pair<int64_t, int64_t>>& sizes,
                                         const vae::TilingOptions& tiling) {
-    const std::optional<ModuleCosts> c = encode_stage_costs(s, threads, flash_attn, sizes, tiling);
+    const std::optional<placement::ModuleCosts> c = encode_stage_costs(s, threads, flash_attn, sizes, tiling);
     if (!c) return {};
     return {plan_encode_stage(*c, spec, budgets)};
 }
@@ -125,21 +128,21 @@ struct PlacedVaeEncoder::Model : EncoderModel {
     using EncoderModel::EncoderModel;
 };
 
-PlacedVaeEncoder::PlacedVaeEncoder(const VaeEncoderSource& s, PlacementSpec spec, int threads, bool flash_attn)
+PlacedVaeEncoder::PlacedVaeEncoder(const VaeEncoderSource& s, placement::PlacementSpec spec, int threads, bool flash_attn)
     : model_(std::make_unique<Model>(s)),
-      placed_(*model_->net, model_->net->encoder_sequence(), *model_->src, model_->lo, PModule::Vae, std::move(spec), threads, flash_attn) {}
+      placed_(*model_->net, model_->net->encoder_sequence(), *model_->src, model_->lo, placement::PModule::Vae, std::move(spec), threads, flash_attn) {}
 
 PlacedVaeEncoder::~PlacedVaeEncoder() = default;
 
 const vae::AutoencoderKLConfig& PlacedVaeEncoder::config() const { return model_->cfg; }
 
-ModulePlan PlacedVaeEncoder::plan(int64_t n, int64_t H, int64_t W) {
+placement::ModulePlan PlacedVaeEncoder::plan(int64_t n, int64_t H, int64_t W) {
     const auto& cfg = model_->cfg;
     check_image(cfg, n, H, W);
     std::vector<float> x((size_t)(n * cfg.in_channels * H * W));
-    ModulePlan p = placed_.plan(encoder_inputs(cfg.in_channels, n, H, W, x), encoder_output,
+    placement::ModulePlan p = placed_.plan(encoder_inputs(cfg.in_channels, n, H, W, x), encoder_output,
                                 encoder_label(model_->net->encoder_sequence(), cfg.in_channels, n, H, W));
-    p.stage = kVaeEncodeStage;
+    p.stage = placement::kVaeEncodeStage;
     return p;
 }
 
@@ -164,7 +167,7 @@ vae::HostTensor PlacedVaeEncoder::encode_moments(const vae::HostTensor& image, c
         return r;
     });
     plan_ = placed_.current_plan();
-    plan_.stage = kVaeEncodeStage;
+    plan_.stage = placement::kVaeEncodeStage;
     return out;
 }
 
@@ -178,4 +181,4 @@ uint64_t PlacedVaeEncoder::param_bytes() const {
     return b;
 }
 
-}  // namespace easel::placement
+}  // namespace easel::vae

@@ -14,7 +14,7 @@
 // the image's right and bottom edges are cropped, smaller): every tile runs under that plan.
 #pragma once
 
-#include "placement/vae_decoder.h"
+#include "models/vae/placed_decoder.h"
 
 #include <map>
 #include <memory>
@@ -23,12 +23,7 @@
 #include <utility>
 #include <vector>
 
-namespace easel::placement {
-
-/// The pipeline stage of the VAE encoder's plans (ModulePlan::stage, ModuleCosts::stage): the
-/// encoder is loaded in a stage of its own, so it time-shares each device with te, diffusion and
-/// the decoder ("vae").
-inline constexpr const char* kVaeEncodeStage = "vae-encode";
+namespace easel::vae {
 
 /// Where a family's AutoencoderKL lies (the same description as the decoder's; the source must
 /// hold an encoder).
@@ -40,31 +35,32 @@ using VaeEncoderSource = VaeDecoderSource;
 /// compute buffers measured with ggml's graph allocator. Nothing is loaded. Throws
 /// Error(ModelMismatch) when the source holds no encoder, Error(InvalidInput) for an image size
 /// that is not a positive multiple of the VAE factor or a bad tile size.
-ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash_attn, int64_t H, int64_t W,
-                              const vae::TilingOptions& tiling = {});
+placement::ModuleCosts vae_encoder_costs(const VaeEncoderSource& s, int threads, bool flash_attn, int64_t H, int64_t W,
+                                         const vae::TilingOptions& tiling = {});
 
 /// The plans of the encode stage for images of the given sizes ({H, W} pixels each; an empty
 /// list gives no plan): one plan, of the largest encode graph among them (by pixels; the
 /// PlacedVaeEncoder replans a smaller image at run time, keeping the loaded weights when the
 /// segments are the same), under spec's `vae` entry and `budgets`, with stage kVaeEncodeStage.
 /// Throws as vae_encoder_costs and plan_module.
-std::vector<ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets,
-                                        int threads, bool flash_attn, const std::vector<std::pair<int64_t, int64_t>>& sizes,
-                                        const vae::TilingOptions& tiling = {});
+std::vector<placement::ModulePlan> plan_vae_encode(const VaeEncoderSource& s, const placement::PlacementSpec& spec,
+                                                   const std::map<std::string, uint64_t>& budgets, int threads, bool flash_attn,
+                                                   const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling = {});
 
 /// Planner inputs of the encode stage for images of the given sizes ({H, W} pixels each): the
 /// costs of the largest encode graph among them (by pixels, as plan_vae_encode plans it), with
 /// tiling applied as vae::encode_graph_image decides. std::nullopt for an empty list. Nothing is
 /// loaded. Throws as vae_encoder_costs (Error(InvalidInput) for a size that is not a positive
 /// multiple of the VAE factor).
-std::optional<ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
-                                              const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling = {});
+std::optional<placement::ModuleCosts> encode_stage_costs(const VaeEncoderSource& s, int threads, bool flash_attn,
+                                                         const std::vector<std::pair<int64_t, int64_t>>& sizes, const vae::TilingOptions& tiling = {});
 
 /// The plan of the encode stage from its costs (encode_stage_costs): plan_module under spec's
 /// `vae` entry and `budgets` (no streaming), with ModulePlan::stage = kVaeEncodeStage. Throws as
 /// plan_module; its Error(OutOfMemory) message is prefixed "the image encode (vae-encode stage,
 /// the VAE encoder): ".
-ModulePlan plan_encode_stage(const ModuleCosts& costs, const PlacementSpec& spec, const std::map<std::string, uint64_t>& budgets);
+placement::ModulePlan plan_encode_stage(const placement::ModuleCosts& costs, const placement::PlacementSpec& spec,
+                                        const std::map<std::string, uint64_t>& budgets);
 
 /// The tiling a family plans its VAE graphs at: tiles of `tile_cells` latent cells (0 = whole,
 /// tiling off), i.e. tile_size = tile_cells x `spatial_factor` image pixels, the default
@@ -82,7 +78,7 @@ class PlacedVaeEncoder {
 public:
     /// s: the encoder's weights (its index must outlive this); spec: the resolved placement.
     /// Reads headers only. Throws Error(ModelMismatch) when the source holds no encoder.
-    PlacedVaeEncoder(const VaeEncoderSource& s, PlacementSpec spec, int threads, bool flash_attn);
+    PlacedVaeEncoder(const VaeEncoderSource& s, placement::PlacementSpec spec, int threads, bool flash_attn);
     ~PlacedVaeEncoder();
     PlacedVaeEncoder(const PlacedVaeEncoder&) = delete;
     PlacedVaeEncoder& operator=(const PlacedVaeEncoder&) = delete;
@@ -91,7 +87,7 @@ public:
 
     /// The plan of one encode graph of an image [n, in, H, W], without loading anything. Throws
     /// Error(OutOfMemory) with the planner's message when it does not fit.
-    ModulePlan plan(int64_t n, int64_t H, int64_t W);
+    placement::ModulePlan plan(int64_t n, int64_t H, int64_t W);
 
     /// Image [N, in, H, W] in [-1, 1] -> raw moments [N, 2L, H/f, W/f] (mean, then unclamped
     /// logvar), tiled as vae::encode_moments_with decides (each tile one evaluation). Plans (at
@@ -104,18 +100,18 @@ public:
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling = {});
 
     /// The plan in use (no segments before the first encode); stage kVaeEncodeStage.
-    const ModulePlan& current_plan() const { return plan_; }
+    const placement::ModulePlan& current_plan() const { return plan_; }
     /// Measured peak bytes per device since construction (empty before the first encode).
     std::map<std::string, uint64_t> peaks() const { return placed_.peaks(); }
     /// Parameter bytes the current plan loads (0 before the first encode).
     uint64_t param_bytes() const;
 
 private:
-    using Placed = PlacedSequence<vae::KLEncodeInputs, vae::KLEncodeState, ggml_tensor*>;
+    using Placed = runtime::PlacedSequence<vae::KLEncodeInputs, vae::KLEncodeState, ggml_tensor*>;
     struct Model;                   // the encoder-only tree, its TensorSource and load options
     std::unique_ptr<Model> model_;  // before placed_, which refers into it
     Placed placed_;
-    ModulePlan plan_;  // placed_'s plan with the stage set
+    placement::ModulePlan plan_;  // placed_'s plan with the stage set
 };
 
-}  // namespace easel::placement
+}  // namespace easel::vae

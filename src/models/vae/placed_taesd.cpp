@@ -1,5 +1,5 @@
-// taesd_decoder_costs and taesd_spec (see taesd.h).
-#include "placement/taesd.h"
+// taesd_decoder_costs and taesd_spec (see placed_taesd.h).
+#include "models/vae/placed_taesd.h"
 
 #include "core/error.h"
 #include "models/vae/taesd.h"
@@ -14,7 +14,7 @@
 #include <memory>
 #include <mutex>
 
-namespace easel::placement {
+namespace easel::vae {
 
 namespace {
 
@@ -52,7 +52,7 @@ void with_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, F&& f) {
 /// Compute buffer bytes of the decode graph (with_graph) on `device`, allocated with ggml_gallocr
 /// on the device's buffer type.
 uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, const std::string& device) {
-    ggml_backend_dev_t dev = find_device(device);
+    ggml_backend_dev_t dev = placement::find_device(device);
     if (!dev) fail(ErrorKind::InvalidInput, "TAESD costs: no device named '{}'; see `easel devices`", device);
     size_t size = 0;
     with_graph(seq, h, w, [&](ggml_cgraph* gf) {
@@ -65,7 +65,7 @@ uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, co
 
 }  // namespace
 
-ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w) {
+placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w) {
     if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "TAESD decoder costs: empty latent {}x{}", w, h);
     const vae::TaesdSource s = vae::find_taesd(index);
     if (!s.decoder_prefix) fail(ErrorKind::ModelMismatch, "--taesd: the file holds no TAESD decoder");
@@ -76,8 +76,8 @@ ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t
     nn::LoadOptions lo;  // as TinyAutoencoder::load
     lo.check_unexpected = false;
     lo.weight_type = GGML_TYPE_F32;
-    ModuleCosts c;
-    c.module = PModule::Vae;
+    placement::ModuleCosts c;
+    c.module = placement::PModule::Vae;
     const int f = k->seq->spatial_factor();
     c.label = fmt::format("TAESD decoder {} layers, latent 1x{}x{}x{} -> {}x{} px", k->seq->layers().size(), k->seq->in_channels(), h, w,
                           h * f, w * f);
@@ -102,15 +102,15 @@ ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t
     return c;
 }
 
-PlacementSpec taesd_spec(const PlacementSpec& spec, std::optional<std::string>* warning) {
-    PlacementSpec r = spec;
-    ModulePlacement& v = r[PModule::Vae];
+placement::PlacementSpec taesd_spec(const placement::PlacementSpec& spec, std::optional<std::string>* warning) {
+    placement::PlacementSpec r = spec;
+    placement::ModulePlacement& v = r[placement::PModule::Vae];
     if (v.devices.empty()) return r;
     if (v.devices.size() >= 2 && warning) *warning = fmt::format("TAESD runs whole on {}: it is too small to split", v.devices.front());
     v.devices.resize(1);
     v.params.clear();
-    v.split = SplitMode::Layer;
+    v.split = placement::SplitMode::Layer;
     return r;
 }
 
-}  // namespace easel::placement
+}  // namespace easel::vae

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-namespace easel::placement {
+namespace easel::vae {
 
 /// Planner inputs of the TAESD decoder found in `index` (vae::find_taesd) for a batch-1 raw
 /// latent of h x w cells (ggml ne {w, h, L, 1}): module PModule::Vae, one block holding every
@@ -22,15 +22,15 @@ namespace easel::placement {
 /// empty block range). Nothing is loaded on a device (the graph's parameters are bound to a host
 /// buffer for the measurement). Throws Error(ModelMismatch) when `index` holds no TAESD decoder,
 /// Error(InvalidInput) for an empty latent.
-ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w);
+placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w);
 
 /// The spec TAESD is planned under: `spec` with its vae entry reduced to the first device and
 /// its parameters on it (a tiny autoencoder is never split or staged). When the vae entry listed
 /// two or more devices, `warning` gets "TAESD runs whole on DEV: it is too small to split".
-PlacementSpec taesd_spec(const PlacementSpec& spec, std::optional<std::string>* warning = nullptr);
+placement::PlacementSpec taesd_spec(const placement::PlacementSpec& spec, std::optional<std::string>* warning = nullptr);
 
 /// Measured peak of a TAESD decode on its device: the decoder's parameter buffer bytes plus the
 /// compute buffer bytes of the decode graph.
 inline uint64_t taesd_measured_peak(uint64_t param_buffer_bytes, uint64_t compute_bytes) { return param_buffer_bytes + compute_bytes; }
 
-}  // namespace easel::placement
+}  // namespace easel::vae
