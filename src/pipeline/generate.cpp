@@ -13,7 +13,7 @@
 #include "pipeline/png_meta.h"
 #include "pipeline/stages.h"
 #include "placement/devices.h"
-#include "placement/vae_encoder.h"
+#include "placement/plan.h"
 #include "sampling/sampler.h"
 
 #include <sys/resource.h>
@@ -341,7 +341,7 @@ std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name
 /// here) or, on the plain path, every module's whole need on the job's device, compared with the
 /// machine (host RAM for the CPU, the device's total memory otherwise) without allocating
 /// (pipeline/memory_check.h). Costing the modules also checks every module's tensor shapes
-/// against its file's headers (placement::self_contained_costs), so a mis-shaped VAE is reported
+/// against its file's headers (runtime::self_contained_costs), so a mis-shaped VAE is reported
 /// before the text encoder runs. Throws Error(OutOfMemory) / Error(ModelMismatch).
 void check_memory(models::Family& fam, const Setup& s, int W, int H) {
     const GenerateParams& p = s.p;

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "placement/vae_encoder.h"
+#include "placement/plan.h"
 #include "text/prompt_syntax.h"
 
 #include <sys/resource.h>

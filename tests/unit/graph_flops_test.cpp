@@ -8,8 +8,8 @@
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
 #include "placement/plan.h"
-#include "placement/taesd.h"
-#include "placement/vae_decoder.h"
+#include "models/vae/placed_taesd.h"
+#include "models/vae/placed_decoder.h"
 #include "runtime/graph_flops.h"
 #include "runtime/sequence_runner.h"
 
@@ -265,8 +265,8 @@ namespace {
 
 double kl_sd_tiny_flops(double P) { return 405152.0 * P + 128.0 * P * P; }
 
-placement::VaeDecoderSource kl_sd_tiny_source(const io::WeightIndex& idx) {
-    placement::VaeDecoderSource s;
+vae::VaeDecoderSource kl_sd_tiny_source(const io::WeightIndex& idx) {
+    vae::VaeDecoderSource s;
     s.index = &idx;
     s.src = *vae::find_autoencoder_kl(idx);
     s.overrides.norm_num_groups = 8;
@@ -277,12 +277,12 @@ placement::VaeDecoderSource kl_sd_tiny_source(const io::WeightIndex& idx) {
 
 TEST(GraphFlops, VaeDecoderMatchesConfigFormulaAndTilesCountTheWholeDecode) {
     auto idx = io::WeightIndex::open(kRef / "autoencoder_kl_sd_tiny.safetensors");
-    const placement::VaeDecoderSource s = kl_sd_tiny_source(idx);
+    const vae::VaeDecoderSource s = kl_sd_tiny_source(idx);
     const int64_t h = 16, w = 12;
     const double P = (double)(h * w);
     for (bool flash : {false, true}) {
         SCOPED_TRACE(flash ? "flash attention" : "plain attention");
-        placement::ModuleCosts c = placement::vae_decoder_costs(s, 1, flash, h, w);
+        placement::ModuleCosts c = vae::vae_decoder_costs(s, 1, flash, h, w);
         ASSERT_EQ(c.block_bytes.size(), 10u);
         ASSERT_TRUE(c.flops);
         EXPECT_DOUBLE_EQ(c.flops(0, 0, true, false), 2336 * P);
@@ -300,8 +300,8 @@ TEST(GraphFlops, VaeDecoderMatchesConfigFormulaAndTilesCountTheWholeDecode) {
     vae::TilingOptions t;
     t.enabled = true;
     t.tile_size = 8 * 2;  // pixels: 8 cells x factor 2
-    placement::ModuleCosts tiled = placement::vae_decoder_costs(s, 1, false, h, w, t);
-    placement::ModuleCosts whole = placement::vae_decoder_costs(s, 1, false, h, w);
+    placement::ModuleCosts tiled = vae::vae_decoder_costs(s, 1, false, h, w, t);
+    placement::ModuleCosts whole = vae::vae_decoder_costs(s, 1, false, h, w);
     EXPECT_LT(tiled.measure(0, 10, true, true, "CPU"), whole.measure(0, 10, true, true, "CPU"));
     EXPECT_DOUBLE_EQ(tiled.flops(0, 10, true, true), kl_sd_tiny_flops(P));
     EXPECT_DOUBLE_EQ(tiled.flops(0, 1, false, false), 36864 * P);
@@ -319,13 +319,13 @@ TEST(GraphFlops, VaeDecoderMatchesConfigFormulaAndTilesCountTheWholeDecode) {
 TEST(GraphFlops, TaesdDecoderMatchesConfigFormula) {
     auto idx = io::WeightIndex::open(kRef / "autoencoder_tiny_taesd_tiny.safetensors");
     const int64_t h = 8, w = 6;
-    placement::ModuleCosts c = placement::taesd_decoder_costs(idx, h, w);
+    placement::ModuleCosts c = vae::taesd_decoder_costs(idx, h, w);
     ASSERT_EQ(c.block_bytes.size(), 1u);
     ASSERT_TRUE(c.flops);
     EXPECT_DOUBLE_EQ(c.flops(0, 1, true, true), 2199168.0 * h * w);  // 105560064
     EXPECT_DOUBLE_EQ(c.flops(0, 0, true, true), 0.0);                // no block: nothing runs
     // another latent: linear in the pixels (every op is a convolution)
-    EXPECT_DOUBLE_EQ(placement::taesd_decoder_costs(idx, 4, 4).flops(0, 1, true, true), 2199168.0 * 16);
+    EXPECT_DOUBLE_EQ(vae::taesd_decoder_costs(idx, 4, 4).flops(0, 1, true, true), 2199168.0 * 16);
 }
 
 // The demo model (models/demo) against its model card, whose figures come from PyTorch's

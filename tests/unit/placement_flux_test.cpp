@@ -1,6 +1,6 @@
 // Placement of the FLUX families (models::flux::Flux1: T5 + CLIP-L text encoders and the FLUX.1
 // DiT; models::flux::Flux2Klein: the Qwen3 text encoder and the FLUX.2 DiT; both: the
-// AutoencoderKL decoder, placement::PlacedVaeDecoder) with the tiny
+// AutoencoderKL decoder, vae::PlacedVaeDecoder) with the tiny
 // reference pipelines (tests/data/reference/{flux1_tiny,klein_tiny}): run over CPU + two
 // `easel rpc-server`s on 127.0.0.1 (layer split, weights in RAM / on disk, streamed and
 // --max-vram segments under a cap) they give bitwise the outputs of the same family without

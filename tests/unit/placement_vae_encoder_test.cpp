@@ -1,5 +1,5 @@
 // The AutoencoderKL encoder as a typed block sequence (vae::KLEncoderSequence) run under a
-// placement plan (placement/vae_encoder.h): on the CPU and over two `easel rpc-server`s on
+// placement plan (models/vae/placed_encoder.h): on the CPU and over two `easel rpc-server`s on
 // 127.0.0.1 (ports 63000-63801), layer split (--backend "vae=A&B"), weights in RAM
 // (--params-backend vae=cpu), from disk (vae=disk), a --max-vram cap that cuts the encoder into
 // per-evaluation segments, and tiled encode (each tile one run of the sequence): the moments are
@@ -15,7 +15,7 @@
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/spec.h"
-#include "placement/vae_encoder.h"
+#include "models/vae/placed_encoder.h"
 #include "placement_test_support.h"
 #include "rpc_servers.h"
 
@@ -72,8 +72,8 @@ vae::TilingOptions tiles(int pixels) {
     return t;
 }
 
-placement::VaeEncoderSource source_of(const io::WeightIndex& idx) {
-    placement::VaeEncoderSource s;
+vae::VaeEncoderSource source_of(const io::WeightIndex& idx) {
+    vae::VaeEncoderSource s;
     s.index = &idx;
     s.src = *vae::find_autoencoder_kl(idx);
     s.overrides.norm_num_groups = 8;  // the fixture's config (norm_num_groups 8; the file does not show it)
@@ -114,7 +114,7 @@ void expect_peaks_near_prediction(const std::vector<placement::ModulePlan>& plan
 // prologue/epilogue bytes sum to the file's encoder.* and quant_conv.* tensors in F32.
 TEST(PlacementVaeEncoder, SequenceMatchesDiffusersAndCostsAreTheEncoderBytes) {
     auto idx = io::WeightIndex::open(kVae);
-    const placement::VaeEncoderSource s = source_of(idx);
+    const vae::VaeEncoderSource s = source_of(idx);
     vae::AutoencoderKLConfig cfg = vae::infer_autoencoder_kl_config(idx, s.src, s.overrides);
     vae::AutoencoderKL net(cfg, vae::KLParts::EncoderOnly);
     const vae::KLEncoderSequence& seq = net.encoder_sequence();
@@ -130,16 +130,16 @@ TEST(PlacementVaeEncoder, SequenceMatchesDiffusersAndCostsAreTheEncoderBytes) {
     for (auto& t : idx.tensors())
         if (t.name.rfind("encoder.", 0) == 0 || t.name.rfind("quant_conv.", 0) == 0)
             file_bytes += 4 * (uint64_t)std::accumulate(t.shape.begin(), t.shape.end(), (int64_t)1, std::multiplies<int64_t>());
-    const placement::ModuleCosts c = placement::vae_encoder_costs(s, 1, false, 32, 32);
+    const placement::ModuleCosts c = vae::vae_encoder_costs(s, 1, false, 32, 32);
     EXPECT_EQ(c.module, PModule::Vae);
     ASSERT_EQ(c.block_bytes.size(), 8u);
     EXPECT_EQ(std::accumulate(c.block_bytes.begin(), c.block_bytes.end(), c.prologue_bytes), file_bytes);
     // block 0: a 16-channel resnet: 2 GroupNorms (2 x 2 x 16) + 2 3x3 convs (16*16*9 + 16)
     EXPECT_EQ(c.block_bytes[0], (uint64_t)(2 * 2 * 16 + 2 * (16 * 16 * 9 + 16)) * 4);
     // a tiled encode is costed at one tile's graph: smaller than the whole image's
-    const placement::ModuleCosts ct = placement::vae_encoder_costs(s, 1, false, 32, 32, tiles(16));
+    const placement::ModuleCosts ct = vae::vae_encoder_costs(s, 1, false, 32, 32, tiles(16));
     EXPECT_LT(ct.measure(0, 8, true, true, "CPU"), c.measure(0, 8, true, true, "CPU"));
-    EXPECT_THROW(placement::vae_encoder_costs(s, 1, false, 31, 32), Error);  // not a multiple of f = 2
+    EXPECT_THROW(vae::vae_encoder_costs(s, 1, false, 31, 32), Error);  // not a multiple of f = 2
 
     // the unplaced encoder (now forward() of the sequence) against diffusers
     const vae::HostTensor x = read4(idx, "__input__.image");
@@ -162,7 +162,7 @@ TEST(PlacementVaeEncoder, PlacedOnTheCpuIsBitwiseTheUnplacedEncoder) {
     auto idx = io::WeightIndex::open(kVae);
     const vae::HostTensor x = read4(idx, "__input__.image");
     const vae::HostTensor want = cpu_moments(idx, x, {});
-    placement::PlacedVaeEncoder enc(source_of(idx), spec_of("vae=CPU"), 1, false);
+    vae::PlacedVaeEncoder enc(source_of(idx), spec_of("vae=CPU"), 1, false);
     EXPECT_EQ(enc.encode_moments(x).data, want.data);
     EXPECT_EQ(enc.current_plan().stage, placement::kVaeEncodeStage);
     EXPECT_EQ(enc.current_plan().segments.size(), 1u);
@@ -184,7 +184,7 @@ TEST(PlacementVaeEncoder, PlacedOverRpcDevicesIsBitwiseTheCpuEncoder) {
     if (r.devices.size() < 2) GTEST_SKIP() << "needs two RPC devices";
     const std::string a = r.devices[0], b = r.devices[1];
     auto idx = io::WeightIndex::open(kVae);
-    const placement::VaeEncoderSource s = source_of(idx);
+    const vae::VaeEncoderSource s = source_of(idx);
     const vae::HostTensor x = read4(idx, "__input__.image");
     const vae::HostTensor big = image(64, 48);
     const vae::HostTensor want = cpu_moments(idx, x, {}), want_tiled = cpu_moments(idx, big, tiles(32)), want_t8 = cpu_moments(idx, x, tiles(8));
@@ -193,7 +193,7 @@ TEST(PlacementVaeEncoder, PlacedOverRpcDevicesIsBitwiseTheCpuEncoder) {
     // the uncapped need of an 8x8-pixel tile's encode on one device with the weights in RAM (the
     // whole encode's need is mostly its compute buffer, which segments do not shrink: the caps
     // that force segments are set on small tiles, where the weights are a large part of the need)
-    const uint64_t need = placement::PlacedVaeEncoder(s, spec_of("vae=" + a, "vae=cpu"), 1, false).plan(1, 8, 8).devices.at(0).total();
+    const uint64_t need = vae::PlacedVaeEncoder(s, spec_of("vae=" + a, "vae=cpu"), 1, false).plan(1, 8, 8).devices.at(0).total();
     const uint64_t cap = need * 9 / 10;
     struct Case {
         std::string name, backend, params, max_vram;
@@ -212,7 +212,7 @@ TEST(PlacementVaeEncoder, PlacedOverRpcDevicesIsBitwiseTheCpuEncoder) {
         {"tiled 32 px, weights in RAM", "vae=" + a, "vae=cpu", "", 32, 1, false},
     };
     for (const Case& c : cases) {
-        placement::PlacedVaeEncoder enc(s, spec_of(c.backend, c.params, c.max_vram), 1, false);
+        vae::PlacedVaeEncoder enc(s, spec_of(c.backend, c.params, c.max_vram), 1, false);
         const vae::HostTensor got = c.tile == 32 ? enc.encode_moments(big, tiles(32)) : enc.encode_moments(x, tiles(c.tile));
         EXPECT_EQ(got.data, c.tile == 32 ? want_tiled.data : c.tile == 8 ? want_t8.data : want.data) << c.name;
         const placement::ModulePlan& p = enc.current_plan();
@@ -227,7 +227,7 @@ TEST(PlacementVaeEncoder, PlacedOverRpcDevicesIsBitwiseTheCpuEncoder) {
                 if (d != "CPU") EXPECT_LE(m, cap) << c.name << " on " << d;
     }
     // a cap below what one block needs beside two slots stops before anything is allocated
-    placement::PlacedVaeEncoder tight(s, spec_of("vae=" + a, "vae=cpu", a + "=" + gib(need / 20)), 1, false);
+    vae::PlacedVaeEncoder tight(s, spec_of("vae=" + a, "vae=cpu", a + "=" + gib(need / 20)), 1, false);
     EXPECT_THROW(tight.encode_moments(x), Error);
 }
 

@@ -1,4 +1,4 @@
-// The AutoencoderKL decoder under a placement plan (placement/vae_decoder.h), through the SD and
+// The AutoencoderKL decoder under a placement plan (models/vae/placed_decoder.h), through the SD and
 // Z-Image families with FamilyOptions::placement, over CPU + two `easel rpc-server`s on
 // 127.0.0.1: layer split (--backend "vae=A&B"), weights in RAM (--params-backend vae=cpu), from
 // disk (vae=disk), --max-vram caps that cut the decoder into segments (weights on the device, or

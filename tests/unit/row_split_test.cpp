@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "io/weight_index.h"
 #include "models/sd/unet.h"
+#include "models/sd/unet_row_split.h"
 #include "models/zimage/z_image_dit.h"
+#include "models/zimage/z_image_row_split.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "placement/row_split.h"
@@ -101,7 +103,7 @@ using ZRunner = runtime::SequenceRunner<zi::ZImageInputs, zi::ZImageState, ggml_
 
 RunResult run_zimage(ZCase& z, const std::vector<std::string>& devices, placement::SplitMode mode, bool rules = true) {
     ZRunner r(z.net, z.net, z.src, z.opt(), 2);
-    if (rules) r.set_row_split(placement::zimage_row_split_rules(z.net));
+    if (rules) r.set_row_split(models::zimage::zimage_row_split_rules(z.net));
     auto mk = [&](runtime::GraphBuilder& g) { return z.inputs(g); };
     auto sel = [](ggml_tensor*& o) { return std::vector<ggml_tensor*>{o}; };
     return run_planned(r, PModule::Diffusion, devices, mode, mk, sel, "Z-Image DiT");  // (a second evaluation gives the same bits)
@@ -183,7 +185,7 @@ struct UCase {
     std::shared_ptr<placement::RowSplitRules> rules() const {
         std::vector<const nn::Block*> blocks;
         for (int i = 0; i < net.n_blocks(); ++i) blocks.push_back(&net.block_params(i));
-        return placement::unet_row_split_rules(cfg, net, blocks);
+        return models::sd::unet_row_split_rules(cfg, net, blocks);
     }
 };
 
@@ -227,7 +229,7 @@ TEST(RowSplit, ZImageBlockRulesAndSplitStates) {
     ZCase z;
     ASSERT_EQ(z.cfg.n_heads, 2);
     ASSERT_EQ(z.cfg.head_dim, 16);
-    auto r = placement::zimage_row_split_rules(z.net);
+    auto r = models::zimage::zimage_row_split_rules(z.net);
     EXPECT_TRUE(r->why_not.empty()) << r->why_not;
     auto role = [&](const std::string& n) { return r->rule(n).role; };
     // column: q/k/v on whole heads, the SwiGLU's w1/w3; row: the output projection and w2

@@ -9,7 +9,7 @@
 #include "models/model_files.h"
 #include "models/qwen3/qwen3.h"
 #include "models/t5/t5_row_split.h"
-#include "placement/placed_sequence.h"
+#include "runtime/placed_sequence.h"
 #include "text/clip_tokenizer.h"
 #include "text/t5_tokenizer.h"
 
@@ -25,8 +25,6 @@ namespace easel::models::flux {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string flag_of(const std::string& flag_and_path) { return flag_and_path.substr(0, flag_and_path.find(' ')); }
 
 /// What a text-encoder file holds instead of the expected encoder, for refusal messages (never
 /// throws: a file whose shapes cannot be read is described by its kind only).
@@ -70,13 +68,14 @@ struct Flux1::TeModels {
     nn::ParamBuffer clip_params;
     std::unique_ptr<runtime::GraphRunner> runner;
     std::string desc;
+    size_t param_bytes() const { return t5_params.size() + clip_params.size(); }
 };
 
 namespace {
 
-using T5Placed = placement::PlacedSequence<t5::T5Inputs, t5::T5State, t5::T5Outputs>;
-using ClipPlaced = placement::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
-using DiTPlaced = placement::PlacedSequence<FluxInputs, FluxState, FluxOutputs>;
+using T5Placed = runtime::PlacedSequence<t5::T5Inputs, t5::T5State, t5::T5Outputs>;
+using ClipPlaced = runtime::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
+using DiTPlaced = runtime::PlacedSequence<FluxInputs, FluxState, FluxOutputs>;
 
 /// The T5 encoder's tree, source and load options (no weights).
 struct T5Model {
@@ -187,53 +186,58 @@ struct Flux1::PlacedTe {
     std::unique_ptr<ClipModel> clip;
     std::unique_ptr<T5Placed> t5p;
     std::unique_ptr<ClipPlaced> clipp;
+    /// T5's plan, then CLIP's, each once it ran.
+    std::vector<placement::ModulePlan> plans() const {
+        std::vector<placement::ModulePlan> r;
+        if (!t5p->current_plan().segments.empty()) r.push_back(t5p->current_plan());
+        if (!clipp->current_plan().segments.empty()) r.push_back(clipp->current_plan());
+        return r;
+    }
+    /// Measured peaks of the text encoders per device: T5's and CLIP's runners are loaded
+    /// together (one stage), so their peaks add on a device they share.
+    std::map<std::string, uint64_t> peaks() const {
+        std::map<std::string, uint64_t> p = t5p->peaks();
+        for (auto& [d, b] : clipp->peaks()) p[d] += b;
+        return p;
+    }
 };
 
-namespace {
-
-/// Measured peaks of the text encoders per device: T5's and CLIP's runners are loaded together
-/// (one stage), so their peaks add on a device they share.
-template <class Te>
-std::map<std::string, uint64_t> te_peaks(const Te& te) {
-    std::map<std::string, uint64_t> p = te.t5p->peaks();
-    for (auto& [d, b] : te.clipp->peaks()) p[d] += b;
-    return p;
-}
-
-}  // namespace
+/// The DiT on FamilyOptions::diffusion_device.
+struct Flux1::DiTWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::unique_ptr<FluxDiTModel> dit;
+    size_t param_bytes() const { return dit->params.size(); }
+};
 
 struct Flux1::PlacedDiT {
     std::unique_ptr<DiTModel> model;
     std::unique_ptr<DiTPlaced> placed;
+    const placement::ModulePlan& current_plan() const { return placed->current_plan(); }
+    std::map<std::string, uint64_t> peaks() const { return placed->peaks(); }
 };
+
+Flux1::Flux1(const ModelFiles& files, const FamilyOptions& opt) : FamilyBase(files, opt) {}
 
 Flux1::~Flux1() = default;
 
-const io::WeightIndex& Flux1::index_for(const std::string& path, const std::string& flag, std::unique_ptr<io::WeightIndex>& own) const {
-    if (path == dit_path_) return *dit_idx_;
-    if (vae_idx_ && path == vae_path_) return *vae_idx_;
-    own = open_index(path, flag);
-    return *own;
-}
-
 const io::WeightIndex& Flux1::t5_headers(std::unique_ptr<io::WeightIndex>& own, t5::T5Keys& keys, t5::T5Config& cfg) const {
     const std::string want = flux1_expected_t5(dcfg_.joint_dim);
-    if (t5_path_.empty()) fail(ErrorKind::ModelMismatch, "no T5 text encoder: FLUX.1 needs {}; pass it with --t5xxl FILE", want);
-    const io::WeightIndex& ti = index_for(t5_path_, flag_of(t5_flag_), own);
+    if (t5_src_.empty()) fail(ErrorKind::ModelMismatch, "no T5 text encoder: FLUX.1 needs {}; pass it with --t5xxl FILE", want);
+    const io::WeightIndex& ti = index_for(t5_src_, own);
     auto k = t5::find_t5_encoder(ti);
-    if (!k) fail(ErrorKind::ModelMismatch, "{}: holds {}, not a T5 encoder; FLUX.1 expects {} as --t5xxl", t5_flag_, what_it_holds(ti), want);
+    if (!k) fail(ErrorKind::ModelMismatch, "{}: holds {}, not a T5 encoder; FLUX.1 expects {} as --t5xxl", t5_src_.named(), what_it_holds(ti), want);
     keys = *k;
     cfg = t5::infer_config(ti, keys);
     if (cfg.d_model != dcfg_.joint_dim)
         fail(ErrorKind::ModelMismatch, "{}: the T5 encoder's d_model {} does not match the DiT's context width {}: this FLUX.1 model expects {}",
-             t5_flag_, cfg.d_model, dcfg_.joint_dim, want);
+             t5_src_.named(), cfg.d_model, dcfg_.joint_dim, want);
     return ti;
 }
 
 const io::WeightIndex& Flux1::clip_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& cfg) const {
     const std::string want = flux1_expected_clip(dcfg_.pooled_dim);
-    if (clip_path_.empty()) fail(ErrorKind::ModelMismatch, "no CLIP text encoder: FLUX.1 needs {}; pass it with --clip_l FILE", want);
-    const io::WeightIndex& ti = index_for(clip_path_, flag_of(clip_flag_), own);
+    if (clip_src_.empty()) fail(ErrorKind::ModelMismatch, "no CLIP text encoder: FLUX.1 needs {}; pass it with --clip_l FILE", want);
+    const io::WeightIndex& ti = index_for(clip_src_, own);
     auto ks = clip::find_clip_text_encoders(ti);
     // A single file with several CLIP models (unusual for FLUX.1): the one of the pooled width.
     std::optional<clip::ClipKeys> pick;
@@ -249,19 +253,16 @@ const io::WeightIndex& Flux1::clip_headers(std::unique_ptr<io::WeightIndex>& own
         }
     }
     if (ks.empty())
-        fail(ErrorKind::ModelMismatch, "{}: holds {}, not a CLIP text encoder; FLUX.1 expects {} as --clip_l", clip_flag_, what_it_holds(ti), want);
+        fail(ErrorKind::ModelMismatch, "{}: holds {}, not a CLIP text encoder; FLUX.1 expects {} as --clip_l", clip_src_.named(), what_it_holds(ti), want);
     if (!pick)
         fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder's hidden size {} does not match the DiT's pooled width {}: this FLUX.1 model expects {}",
-             clip_flag_, fmt::join(widths, "/"), dcfg_.pooled_dim, want);
+             clip_src_.named(), fmt::join(widths, "/"), dcfg_.pooled_dim, want);
     keys = *pick;
     return ti;
 }
 
 std::unique_ptr<Flux1> Flux1::open(const ModelFiles& files, const FamilyOptions& opt) {
-    std::unique_ptr<Flux1> m(new Flux1());
-    m->files_ = files;
-    m->opt_ = opt;
-    m->weight_type_ = parse_weight_type(opt.weight_type);
+    std::unique_ptr<Flux1> m(new Flux1(files, opt));
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a FLUX.1 file) or --diffusion-model");
     if (!(opt.flow_shift >= 0.0f) || !std::isfinite(opt.flow_shift))
@@ -276,80 +277,45 @@ std::unique_ptr<Flux1> Flux1::open(const ModelFiles& files, const FamilyOptions&
         fail(ErrorKind::ModelMismatch, "--clip_g {}: FLUX.1 takes no CLIP-G; pass T5-XXL with --t5xxl FILE and CLIP-L with --clip_l FILE",
              files.clip_g);
 
-    std::optional<nlohmann::json> sched_cfg;
-    if (!files.model.empty()) {
-        if (io::is_pipeline_folder(files.model)) {
-            std::string pipeline_class;
-            auto comps = io::list_pipeline_components(files.model, &pipeline_class);
-            for (auto& c : comps) {
-                if (c.name == "transformer") m->dit_path_ = c.folder.string();
-                else if (c.name == "vae") m->vae_path_ = c.folder.string();
-                else if (c.name == "text_encoder") m->clip_path_ = c.folder.string();
-                else if (c.name == "text_encoder_2") m->t5_path_ = c.folder.string();
-                else if (c.name == "scheduler") sched_cfg = read_json(c.folder / "scheduler_config.json");
-            }
-            if (m->dit_path_.empty() && files.diffusion_model.empty())
-                fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no transformer folder; FluxPipeline folders have one",
-                     files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
-            m->model_desc_ = "diffusers folder " + files.model;
-        } else {
-            m->dit_path_ = m->vae_path_ = m->t5_path_ = m->clip_path_ = files.model;
-            m->model_desc_ = files.model;
-        }
-        m->dit_flag_ = m->vae_flag_ = m->t5_flag_ = m->clip_flag_ = "-m " + files.model;
-    }
-    if (!files.diffusion_model.empty()) {
-        m->dit_path_ = files.diffusion_model;
-        m->dit_flag_ = "--diffusion-model " + files.diffusion_model;
-        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
-    }
-    if (!files.vae.empty()) {
-        m->vae_path_ = files.vae;
-        m->vae_flag_ = "--vae " + files.vae;
-    }
-    if (!files.t5xxl.empty()) {
-        m->t5_path_ = files.t5xxl;
-        m->t5_flag_ = "--t5xxl " + files.t5xxl;
-    }
-    if (!files.clip_l.empty()) {
-        m->clip_path_ = files.clip_l;
-        m->clip_flag_ = "--clip_l " + files.clip_l;
-    }
+    static const SourceRule rules[] = {{"transformer", &ModelFiles::diffusion_model, "--diffusion-model"},
+                                       {"vae", &ModelFiles::vae, "--vae"},
+                                       {"text_encoder_2", &ModelFiles::t5xxl, "--t5xxl"},
+                                       {"text_encoder", &ModelFiles::clip_l, "--clip_l"}};
+    ResolvedSources rs = resolve_sources(files, rules);
+    const std::optional<nlohmann::json>& sched_cfg = rs.scheduler_config;
+    rs.require(0, "FluxPipeline folders");
+    m->dit_src_ = rs.sources[0];
+    m->vae_src_ = rs.sources[1];
+    m->t5_src_ = rs.sources[2];
+    m->clip_src_ = rs.sources[3];
+    m->model_desc_ = rs.model_desc;
 
     // DiT configuration from its headers (and config.json beside it for the rotary axes).
-    m->dit_idx_ = open_index(m->dit_path_, flag_of(m->dit_flag_));
+    m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
     auto src = find_flux_dit(*m->dit_idx_);
     if (!src)
         fail(ErrorKind::ModelMismatch,
              "{}: no FLUX.1 DiT in it (no double_blocks / transformer_blocks with per-block modulation); pass the FLUX.1 model as -m or "
              "--diffusion-model",
-             m->dit_flag_);
+             m->dit_src_.named());
     m->dsrc_ = *src;
     m->dcfg_ = infer_flux_dit_config(*m->dit_idx_, m->dsrc_);
     if (m->dcfg_.in_channels != 64 || m->dcfg_.out_channels != 64)
         fail(ErrorKind::ModelMismatch, "{}: the DiT takes {} / gives {} features per token; FLUX.1 text-to-image DiTs take 64 (16 channels x 2x2)",
-             m->dit_flag_, m->dcfg_.in_channels, m->dcfg_.out_channels);
+             m->dit_src_.named(), m->dcfg_.in_channels, m->dcfg_.out_channels);
 
     // VAE configuration from its headers.
-    if (m->vae_path_.empty())
-        fail(ErrorKind::ModelMismatch, "{}: no VAE given; pass the FLUX.1 VAE (ae.safetensors) with --vae FILE", m->dit_flag_);
-    if (m->vae_path_ != m->dit_path_) m->vae_idx_ = open_index(m->vae_path_, flag_of(m->vae_flag_));
-    const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->dit_idx_;
-    m->kl_ = vae::find_autoencoder_kl(vi);
-    if (!m->kl_)
-        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.1 VAE (ae.safetensors) with --vae FILE", m->vae_flag_);
-    check_vae_kind(vi, *m->kl_, 16, m->vae_flag_, "FLUX.1", "its VAE (16 latent channels, ae.safetensors)");
-    vae::KLOverrides kov;
-    if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
-    auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
-    if (kcfg.latent_channels != 16)
-        fail(ErrorKind::ModelMismatch, "{}: the VAE has {} latent channels; FLUX.1 needs its 16-channel VAE (ae.safetensors)", m->vae_flag_,
-             kcfg.latent_channels);
-    m->spatial_factor_ = kcfg.spatial_factor();
-    if (const nlohmann::json* vc = vi.config()) {
-        if (vc->contains("scaling_factor") && (*vc)["scaling_factor"].is_number()) m->scaling_factor_ = (*vc)["scaling_factor"].get<float>();
-        if (vc->contains("shift_factor") && (*vc)["shift_factor"].is_number()) m->shift_factor_ = (*vc)["shift_factor"].get<float>();
-    }
+    VaeExpect ve;
+    ve.latent_channels = 16;
+    ve.family = "FLUX.1";
+    ve.needed = "its VAE (16 latent channels, ae.safetensors)";
+    ve.no_vae = ve.no_kl = "pass the FLUX.1 VAE (ae.safetensors) with --vae FILE";
+    ve.wrong_channels = "FLUX.1 needs its 16-channel VAE (ae.safetensors)";
+    const VaeHeaders vh = m->read_vae_headers(ve);
+    m->kl_ = vh.kl;
+    m->spatial_factor_ = vh.cfg.spatial_factor();
+    m->scaling_factor_ = vh.scaling.value_or(m->scaling_factor_);
+    m->shift_factor_ = vh.shift.value_or(m->shift_factor_);
 
     // Noise process and the pipeline's schedule parameters.
     double shift = 1.0;
@@ -373,6 +339,7 @@ std::unique_ptr<Flux1> Flux1::open(const ModelFiles& files, const FamilyOptions&
         m->shift_src_ = "--flow-shift";
     }
     m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::flow(shift));
+    m->add_modules();
     return m;
 }
 
@@ -381,7 +348,7 @@ std::string Flux1::name() const { return dcfg_.guidance_embeds ? "FLUX.1 dev" : 
 std::string Flux1::describe() const {
     return fmt::format("{} ({}), DiT hidden {} x ({} double + {} single blocks){}, flow shift {} ({}){}", name(), model_desc_, dcfg_.hidden,
                        dcfg_.n_double, dcfg_.n_single, dcfg_.guidance_embeds ? fmt::format(", guidance {}", guidance_) : "",
-                       ms_->shift(), shift_src_, te_ ? ", text encoders " + te_->desc : "");
+                       ms_->shift(), shift_src_, te_->whole() ? ", text encoders " + te_->whole()->desc : "");
 }
 
 LatentFormat Flux1::latent_format() const {
@@ -408,55 +375,15 @@ SamplingDefaults Flux1::defaults() const {
 
 sampling::ScheduleOptions Flux1::schedule_options() const { return sched_opt_; }
 
-std::vector<std::string> Flux1::module_files(Module m) const {
-    switch (m) {
-    case Module::Te: {
-        std::vector<std::string> r;
-        if (!t5_path_.empty()) r.push_back(t5_path_);
-        if (!clip_path_.empty() && clip_path_ != t5_path_) r.push_back(clip_path_);
-        return r;
-    }
-    case Module::Diffusion: return {dit_path_};
-    case Module::VaeDecoder:
-    case Module::VaeEncoder: return {vae_path_};
-    }
-    return {};
+void Flux1::check_planned_latent(int64_t h, int64_t w) const {
+    if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
+        fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
 }
 
-bool Flux1::loaded(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
-    case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr;
-    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
-    }
-    return false;
-}
-
-void Flux1::load(Module m) {
-    if (loaded(m)) return;
-    switch (m) {
-    case Module::Te: {
-        if (opt_.placement) {  // planned and loaded on the first encoding
-            auto p = std::make_unique<PlacedTe>();
-            t5::T5Keys tk;
-            clip::ClipKeys ck;
-            t5::T5Config tc;
-            clip::ClipConfig cc;
-            const io::WeightIndex& ti = t5_headers(p->t5_own, tk, tc);
-            const io::WeightIndex& ci = clip_headers(p->clip_own, ck, cc);
-            p->t5 = std::make_unique<T5Model>(ti, tk, tc, weight_type_);
-            p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_);
-            p->t5p = std::make_unique<T5Placed>(*p->t5->net, *p->t5->net, *p->t5->src, p->t5->lo, placement::PModule::Te, *opt_.placement,
-                                                opt_.threads, opt_.flash_attn_te);
-            // --split-mode te=row: T5's blocks on ggml's meta device (t5_row_split.h); CLIP-L has
-            // no rules and runs as layer split (the planner warns)
-            p->t5p->set_row_split(t5::t5_row_split_rules(*p->t5->net));
-            p->clipp = std::make_unique<ClipPlaced>(*p->clip->net, *p->clip->net, *p->clip->src, p->clip->lo, placement::PModule::Te,
-                                                    *opt_.placement, opt_.threads, opt_.flash_attn_te);
-            placed_te_ = std::move(p);
-            break;
-        }
+void Flux1::add_modules() {
+    // te: T5-XXL (context) and CLIP-L (pooled), loaded together in one stage
+    ModuleSlot<TeModels, PlacedTe>::Hooks th;
+    th.load_whole = [this] {
         auto te = std::make_unique<TeModels>();
         // Both encoders' headers are checked before anything is loaded.
         t5::T5Keys tk;
@@ -474,112 +401,124 @@ void Flux1::load(Module m) {
         te->clip_params = nn::ParamBuffer::load(*te->clip, clip::make_tensor_source(ci, ck, te->clipcfg), te->runner->buffer_type(), clo);
         te->desc = fmt::format("T5 d_model {} x {} layers + CLIP hidden {} x {} layers", te->t5cfg.d_model, te->t5cfg.layers,
                                te->clipcfg.width, te->clipcfg.layers);
-        te_ = std::move(te);
-        break;
-    }
-    case Module::Diffusion: {
-        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
-            placed_dit_ = std::make_unique<PlacedDiT>();
-            placed_dit_->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
-            DiTModel& dm = *placed_dit_->model;
-            placed_dit_->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement,
-                                                              opt_.threads, opt_.flash_attn_diffusion);
-            placed_dit_->placed->set_row_split(flux1_row_split_rules(*dm.net));
-            break;
+        return te;
+    };
+    th.load_placed = [this] {  // planned and loaded on the first encoding
+        auto p = std::make_unique<PlacedTe>();
+        t5::T5Keys tk;
+        clip::ClipKeys ck;
+        t5::T5Config tc;
+        clip::ClipConfig cc;
+        const io::WeightIndex& ti = t5_headers(p->t5_own, tk, tc);
+        const io::WeightIndex& ci = clip_headers(p->clip_own, ck, cc);
+        p->t5 = std::make_unique<T5Model>(ti, tk, tc, weight_type_);
+        p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_);
+        p->t5p = std::make_unique<T5Placed>(*p->t5->net, *p->t5->net, *p->t5->src, p->t5->lo, placement::PModule::Te, *opt_.placement,
+                                            opt_.threads, opt_.flash_attn_te);
+        // --split-mode te=row: T5's blocks on ggml's meta device (t5_row_split.h); CLIP-L has
+        // no rules and runs as layer split (the planner warns)
+        p->t5p->set_row_split(t5::t5_row_split_rules(*p->t5->net));
+        p->clipp = std::make_unique<ClipPlaced>(*p->clip->net, *p->clip->net, *p->clip->src, p->clip->lo, placement::PModule::Te,
+                                                *opt_.placement, opt_.threads, opt_.flash_attn_te);
+        return p;
+    };
+    th.files = [this] {
+        std::vector<std::string> r;
+        if (!t5_src_.empty()) r.push_back(t5_src_.path);
+        if (!clip_src_.empty() && clip_src_.path != t5_src_.path) r.push_back(clip_src_.path);
+        return r;
+    };
+    th.costs = [this](int64_t, int64_t) {
+        std::vector<placement::ModuleCosts> out;
+        const int64_t L = kFlux1T5Tokens;
+        if (!t5_src_.empty()) {  // T5 at 512 tokens
+            struct Keep {
+                std::unique_ptr<io::WeightIndex> own;
+                std::unique_ptr<T5Model> model;
+                std::vector<int32_t> ids, buckets;
+            };
+            auto k = std::make_shared<Keep>();
+            t5::T5Keys keys;
+            t5::T5Config tc;
+            const io::WeightIndex& ti = t5_headers(k->own, keys, tc);
+            k->model = std::make_unique<T5Model>(ti, keys, tc, weight_type_);
+            k->ids.assign((size_t)L, 0);
+            k->buckets = t5::relative_position_buckets(L, tc.num_buckets, tc.max_distance);
+            T5Model& m = *k->model;
+            out.push_back(runtime::self_contained_costs<t5::T5Inputs, t5::T5State, t5::T5Outputs>(
+                placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, t5_inputs(L, k->ids, k->buckets),
+                t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L), t5::t5_row_split_rules(*m.net)));
         }
-        dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
+        if (!clip_src_.empty()) {  // CLIP-L: one 77-token window
+            struct Keep {
+                std::unique_ptr<io::WeightIndex> own;
+                std::unique_ptr<ClipModel> model;
+                std::vector<int32_t> ids, pool;
+            };
+            auto k = std::make_shared<Keep>();
+            clip::ClipKeys keys;
+            clip::ClipConfig cc;
+            const io::WeightIndex& ci = clip_headers(k->own, keys, cc);
+            k->model = std::make_unique<ClipModel>(ci, keys, cc, weight_type_);
+            const int64_t Lc = std::min<int64_t>(77, cc.positions);
+            k->ids.assign((size_t)Lc, 0);
+            k->pool = {0};
+            ClipModel& m = *k->model;
+            out.push_back(runtime::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
+                placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, clip_inputs(Lc, k->ids, k->pool),
+                clip_output, fmt::format("CLIP {} layers (pooled), {} tokens", cc.layers, Lc)));
+        }
+        return out;
+    };
+    te_ = &modules_.add<TeModels, PlacedTe>(Module::Te, std::move(th));
+
+    // diffusion: the FLUX.1 DiT
+    ModuleSlot<DiTWhole, PlacedDiT>::Hooks dh;
+    dh.load_whole = [this] {
+        auto d = std::make_unique<DiTWhole>();
+        d->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        dit_ = std::make_unique<FluxDiTModel>(FluxDiTModel::load(*dit_idx_, dit_runner_->buffer_type(), lo, dcfg_.axes_dims));
-        break;
-    }
-    case Module::VaeDecoder:
-        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent size)
-            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, false);
-            break;
-        }
-        [[fallthrough]];
-    case Module::VaeEncoder: {
-        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
-            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, false);
-            break;
-        }
-        if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
-        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
-        vae::KLOverrides kov;
-        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
-        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
-        slot = vae::AutoencoderKLModel::load(vi, *kl_, vae_runner_->backend(), kov,
-                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
-        break;
-    }
-    }
-    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
-}
+        d->dit = std::make_unique<FluxDiTModel>(FluxDiTModel::load(*dit_idx_, d->runner->buffer_type(), lo, dcfg_.axes_dims));
+        return d;
+    };
+    dh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
+        auto p = std::make_unique<PlacedDiT>();
+        p->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
+        DiTModel& dm = *p->model;
+        p->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
+                                                opt_.flash_attn_diffusion);
+        p->placed->set_row_split(flux1_row_split_rules(*dm.net));
+        return p;
+    };
+    dh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
+    dh.costs = [this](int64_t h, int64_t w) {  // the DiT at h x w with a 512-token context
+        const int64_t L = kFlux1T5Tokens;
+        struct Keep {
+            std::unique_ptr<DiTModel> model;
+            DiTHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        k->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
+        DiTHost& d = k->d;
+        d.Li = (h / 2) * (w / 2);
+        d.Lt = L;
+        d.img.assign((size_t)(d.Li * dcfg_.in_channels), 0.0f);
+        d.txt.assign((size_t)(L * dcfg_.joint_dim), 0.0f);
+        d.pooled.assign((size_t)dcfg_.pooled_dim, 0.0f);
+        d.rope = flux1_rope(dcfg_, L, h / 2, w / 2);
+        DiTModel& m = *k->model;
+        return std::vector<placement::ModuleCosts>{runtime::self_contained_costs<FluxInputs, FluxState, FluxOutputs>(
+            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
+            dit_output, dit_label(dcfg_, h, w, L), flux1_row_split_rules(*m.net))};
+    };
+    dit_ = &modules_.add<DiTWhole, PlacedDiT>(Module::Diffusion, std::move(dh));
 
-void Flux1::unload(Module m) {
-    switch (m) {
-    case Module::Te:
-        te_.reset();
-        if (placed_te_) {
-            std::vector<placement::ModulePlan> done;
-            if (!placed_te_->t5p->current_plan().segments.empty()) done.push_back(placed_te_->t5p->current_plan());
-            if (!placed_te_->clipp->current_plan().segments.empty()) done.push_back(placed_te_->clipp->current_plan());
-            if (!done.empty()) {
-                te_plans_done_ = std::move(done);
-                te_peaks_done_ = te_peaks(*placed_te_);
-            }
-        }
-        placed_te_.reset();
-        break;
-    case Module::Diffusion:
-        dit_.reset();
-        dit_runner_.reset();
-        if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) {  // the closing memory line names its devices
-            dit_plans_done_ = {placed_dit_->placed->current_plan()};
-            dit_peaks_done_ = placed_dit_->placed->peaks();
-        }
-        placed_dit_.reset();
-        break;
-    case Module::VaeDecoder:
-        vae_dec_.reset();
-        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
-            vae_plans_done_ = {placed_vae_->current_plan()};
-            vae_peaks_done_ = placed_vae_->peaks();
-        }
-        placed_vae_.reset();
-        if (!vae_enc_) vae_runner_.reset();
-        break;
-    case Module::VaeEncoder:
-        vae_enc_.reset();
-        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
-            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
-            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
-        }
-        placed_vae_enc_.reset();
-        if (!vae_dec_) vae_runner_.reset();
-        break;
-    }
-}
-
-size_t Flux1::param_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ ? te_->t5_params.size() + te_->clip_params.size() : 0;
-    case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
-    case Module::VaeDecoder: return vae_dec_ ? bound_bytes(vae_dec_->module()) : placed_vae_ ? placed_vae_->param_bytes() : 0;
-    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : placed_vae_enc_ ? placed_vae_enc_->param_bytes() : 0;
-    }
-    return 0;
-}
-
-size_t Flux1::compute_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_compute_;
-    case Module::Diffusion: return dit_compute_;
-    case Module::VaeDecoder: return vae_dec_compute_;
-    case Module::VaeEncoder: return vae_enc_compute_;
-    }
-    return 0;
+    // vae: the 16-channel FLUX.1 AutoencoderKL on the job's latent (factor 8)
+    VaeSetup v;
+    v.kl = kl_;
+    v.tile_factor = spatial_factor_;
+    add_vae(std::move(v));
 }
 
 Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
@@ -587,13 +526,13 @@ Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) 
     std::vector<int32_t> t5_ids = text::T5Tokenizer::builtin().encode_padded(prompt, (int)kFlux1T5Tokens);
     std::vector<int32_t> clip_ids = text::ClipTokenizer::builtin().encode_window(prompt, text::ClipTokenizer::kEos);
     load(Module::Te);
-    if (placed_te_) {
-        PlacedTe& p = *placed_te_;
+    if (PlacedTe* pt = te_->placed()) {
+        PlacedTe& p = *pt;
         t5::check_token_ids(t5_ids, p.t5->cfg.vocab);
         clip::check_token_ids(clip_ids, p.clip->cfg.vocab);
         const int64_t L = kFlux1T5Tokens, Lc = (int64_t)clip_ids.size();
         if (Lc > p.clip->cfg.positions)
-            fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_flag_, p.clip->cfg.positions,
+            fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_src_.named(), p.clip->cfg.positions,
                  Lc);
         const auto buckets = t5::relative_position_buckets(L, p.t5->cfg.num_buckets, p.t5->cfg.max_distance);
         const std::vector<int32_t> pool = clip::pool_indices(clip_ids, Lc, 1, p.clip->cfg.eos_token_id);
@@ -609,12 +548,12 @@ Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) 
         r.token_ids = std::move(t5_ids);
         return r;
     }
-    TeModels& te = *te_;
+    TeModels& te = *te_->whole();
     t5::check_token_ids(t5_ids, te.t5cfg.vocab);
     clip::check_token_ids(clip_ids, te.clipcfg.vocab);
     const int64_t L = kFlux1T5Tokens, Lc = (int64_t)clip_ids.size();
     if (Lc > te.clipcfg.positions)
-        fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_flag_, te.clipcfg.positions, Lc);
+        fail(ErrorKind::ModelMismatch, "{}: the CLIP text encoder has {} positions; FLUX.1's CLIP-L takes {}", clip_src_.named(), te.clipcfg.positions, Lc);
     const auto buckets = t5::relative_position_buckets(L, te.t5cfg.num_buckets, te.t5cfg.max_distance);
     const std::vector<int32_t> pool = clip::pool_indices(clip_ids, Lc, 1, te.clipcfg.eos_token_id);
     auto out = te.runner->run([&](runtime::GraphBuilder& g) {
@@ -627,7 +566,7 @@ Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) 
         ci.pool_index = g.input_i32("clip_pool", {1}, pool);
         return std::vector<ggml_tensor*>{te.t5->forward(c, ti).last_hidden_state, te.clip->forward(c, ci).pooler_output};
     });
-    te_compute_ = std::max(te_compute_, te.runner->last_compute_bytes());
+    te_->note_compute(te.runner->last_compute_bytes());
     Conditioning r;
     r.dim = out[0].ne[0];
     r.tokens = out[0].ne[1];
@@ -666,7 +605,7 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
     // FluxPipeline: timestep = t / 1000 in float32 (t = sigma * 1000 from the scheduler)
     const float t_model = (float)timestep / 1000.0f;
     const float g = guidance_;
-    if (placed_dit_) {
+    if (PlacedDiT* pd = dit_->placed()) {
         DiTHost d;
         d.img = std::move(img);
         d.txt = cond.context;
@@ -676,14 +615,15 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
         d.rope = rope;
         d.Li = Li;
         d.Lt = Lt;
-        auto res = placed_dit_->placed->run({h, w, Lt}, dit_inputs(placed_dit_->model->cfg, d), dit_output, dit_label(cfg, h, w, Lt));
+        auto res = pd->placed->run({h, w, Lt}, dit_inputs(pd->model->cfg, d), dit_output, dit_label(cfg, h, w, Lt));
         if (res.at(0).numel() != Li * cfg.out_channels)
             fail(ErrorKind::Internal, "FLUX.1 DiT: output has {} values, expected {}", res[0].numel(), Li * cfg.out_channels);
         std::vector<float> lat = unpack_latents(res[0].data, 1, C, h, w);
         std::copy(lat.begin(), lat.end(), out.begin());
         return;
     }
-    auto res = dit_runner_->run([&](runtime::GraphBuilder& gb) {
+    DiTWhole& dw = *dit_->whole();
+    auto res = dw.runner->run([&](runtime::GraphBuilder& gb) {
         nn::Ctx c{gb.ctx(), opt_.flash_attn_diffusion, gb.backend()};
         FluxInputs in;
         in.img = gb.input_f32("img", {cfg.in_channels, Li, 1}, img);
@@ -693,9 +633,9 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
         if (cfg.guidance_embeds) in.guidance = gb.input_f32("guidance", {1}, std::span<const float>(&g, 1));
         in.rope_cos = gb.input_f32("rope_cos", {rope.half_dim, rope.tokens}, rope.cos);
         in.rope_sin = gb.input_f32("rope_sin", {rope.half_dim, rope.tokens}, rope.sin);
-        return std::vector<ggml_tensor*>{dit_->module->forward(c, in).sample};
+        return std::vector<ggml_tensor*>{dw.dit->module->forward(c, in).sample};
     });
-    dit_compute_ = std::max(dit_compute_, dit_runner_->last_compute_bytes());
+    dit_->note_compute(dw.runner->last_compute_bytes());
     if (res.at(0).numel() != Li * cfg.out_channels)
         fail(ErrorKind::Internal, "FLUX.1 DiT: output has {} values, expected {}", res[0].numel(), Li * cfg.out_channels);
     std::vector<float> lat = unpack_latents(res[0].data, 1, C, h, w);
@@ -705,145 +645,11 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
 vae::HostTensor Flux1::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != 16) fail(ErrorKind::InvalidInput, "latent has {} channels; FLUX.1 latents have 16", latent.c);
     load(Module::VaeDecoder);
-    vae::ExecOptions ex;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
-    if (placed_vae_) return placed_vae_->decode(z, tiling);
-    return vae_dec_->decode(z, tiling, ex);
+    return decode_kl(z, tiling);
 }
 
-vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
-    load(Module::VaeEncoder);
-    vae::ExecOptions ex;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
-    if (placed_vae_enc_) return placed_vae_enc_->encode(image, tiling);
-    return vae_enc_->encode(image, tiling, ex);
-}
-
-std::vector<placement::ModuleCosts> Flux1::placement_costs(int64_t h, int64_t w) {
-    std::vector<placement::ModuleCosts> out;
-    if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
-        fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
-    const int64_t L = kFlux1T5Tokens;
-    if (!t5_path_.empty() && !costs_skip_te()) {  // T5 at 512 tokens
-        struct Keep {
-            std::unique_ptr<io::WeightIndex> own;
-            std::unique_ptr<T5Model> model;
-            std::vector<int32_t> ids, buckets;
-        };
-        auto k = std::make_shared<Keep>();
-        t5::T5Keys keys;
-        t5::T5Config tc;
-        const io::WeightIndex& ti = t5_headers(k->own, keys, tc);
-        k->model = std::make_unique<T5Model>(ti, keys, tc, weight_type_);
-        k->ids.assign((size_t)L, 0);
-        k->buckets = t5::relative_position_buckets(L, tc.num_buckets, tc.max_distance);
-        T5Model& m = *k->model;
-        out.push_back(placement::self_contained_costs<t5::T5Inputs, t5::T5State, t5::T5Outputs>(
-            placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, t5_inputs(L, k->ids, k->buckets),
-            t5_output, fmt::format("T5 {} layers, {} tokens", tc.layers, L), t5::t5_row_split_rules(*m.net)));
-    }
-    if (!clip_path_.empty() && !costs_skip_te()) {  // CLIP-L: one 77-token window
-        struct Keep {
-            std::unique_ptr<io::WeightIndex> own;
-            std::unique_ptr<ClipModel> model;
-            std::vector<int32_t> ids, pool;
-        };
-        auto k = std::make_shared<Keep>();
-        clip::ClipKeys keys;
-        clip::ClipConfig cc;
-        const io::WeightIndex& ci = clip_headers(k->own, keys, cc);
-        k->model = std::make_unique<ClipModel>(ci, keys, cc, weight_type_);
-        const int64_t Lc = std::min<int64_t>(77, cc.positions);
-        k->ids.assign((size_t)Lc, 0);
-        k->pool = {0};
-        ClipModel& m = *k->model;
-        out.push_back(placement::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
-            placement::PModule::Te, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_te, clip_inputs(Lc, k->ids, k->pool),
-            clip_output, fmt::format("CLIP {} layers (pooled), {} tokens", cc.layers, Lc)));
-    }
-    {  // the DiT at h x w with a 512-token context
-        struct Keep {
-            std::unique_ptr<DiTModel> model;
-            DiTHost d;
-        };
-        auto k = std::make_shared<Keep>();
-        k->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
-        DiTHost& d = k->d;
-        d.Li = (h / 2) * (w / 2);
-        d.Lt = L;
-        d.img.assign((size_t)(d.Li * dcfg_.in_channels), 0.0f);
-        d.txt.assign((size_t)(L * dcfg_.joint_dim), 0.0f);
-        d.pooled.assign((size_t)dcfg_.pooled_dim, 0.0f);
-        d.rope = flux1_rope(dcfg_, L, h / 2, w / 2);
-        DiTModel& m = *k->model;
-        out.push_back(placement::self_contained_costs<FluxInputs, FluxState, FluxOutputs>(
-            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
-            dit_output, dit_label(dcfg_, h, w, L), flux1_row_split_rules(*m.net)));
-    }
-    if (kl_ && kl_->has_decoder)  // vae: the AutoencoderKL decoder on the job's latent (factor 8, 16 channels)
-        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, h, w, planned_tiling()));
-    return out;
-}
-
-placement::VaeDecoderSource Flux1::vae_source() const {
-    placement::VaeDecoderSource s;
-    s.index = vae_idx_ ? vae_idx_.get() : dit_idx_.get();
-    s.src = *kl_;
-    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
-    return s;
-}
-
-vae::TilingOptions Flux1::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, spatial_factor_); }
-
-std::optional<placement::ModuleCosts> Flux1::encode_costs(int tile) {
-    if (!(kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty())) return std::nullopt;
-    const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
-    return placement::encode_stage_costs(vae_source(), opt_.threads, false, sizes, placement::planned_tiling(tile, spatial_factor_));
-}
-
-std::vector<placement::ModulePlan> Flux1::plan_placement(int64_t h, int64_t w) {
-    if (!opt_.placement) return {};
-    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-    auto plans = placement::plan_modules(*opt_.placement, placement_costs(h, w), budgets);
-    // the encode stage (img2img): the VAE encoder under the vae entry
-    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
-    return plans;
-}
-
-std::vector<placement::ModulePlan> Flux1::placement_plans() const {
-    std::vector<placement::ModulePlan> r;
-    if (placed_te_ && !placed_te_->t5p->current_plan().segments.empty()) {
-        r.push_back(placed_te_->t5p->current_plan());
-        if (!placed_te_->clipp->current_plan().segments.empty()) r.push_back(placed_te_->clipp->current_plan());
-    } else {
-        r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
-    }
-    if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
-    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
-    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
-    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
-    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
-    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
-    return r;
-}
-
-std::map<std::string, uint64_t> Flux1::placement_peaks() const {
-    std::map<std::string, uint64_t> p = te_peaks_done_;
-    auto merge = [&](const std::map<std::string, uint64_t>& m) {
-        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
-    };
-    if (placed_te_) merge(te_peaks(*placed_te_));
-    merge(dit_peaks_done_);
-    if (placed_dit_) merge(placed_dit_->placed->peaks());
-    merge(vae_peaks_done_);
-    if (placed_vae_) merge(placed_vae_->peaks());
-    merge(vae_enc_peaks_done_);
-    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
-    return p;
-}
+vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }
 
 }  // namespace easel::models::flux

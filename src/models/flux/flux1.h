@@ -41,13 +41,10 @@
 
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
-#include "models/family.h"
+#include "models/family_base.h"
 #include "models/flux/flux_dit.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/autoencoder_kl.h"
-#include "placement/vae_decoder.h"
-#include "placement/vae_encoder.h"
-#include "runtime/graph_runner.h"
 
 #include <memory>
 #include <optional>
@@ -68,7 +65,7 @@ std::string flux1_expected_t5(int64_t joint_dim);
 std::string flux1_expected_clip(int64_t pooled_dim);
 
 /// A FLUX.1 model bound to the user's files; modules load on demand.
-class Flux1 final : public Family {
+class Flux1 final : public FamilyBase {
 public:
     /// Resolves every module's source and reads the DiT's and the VAE's headers (no weights;
     /// nothing of the text encoders). Throws Error(ModelMismatch) when the diffusion model is not
@@ -95,13 +92,6 @@ public:
     /// parameters from scheduler_config.json (base_image_seq_len, max_image_seq_len,
     /// base_shift, max_shift) when a folder gives them.
     sampling::ScheduleOptions schedule_options() const override;
-    std::vector<std::string> module_files(Module m) const override;
-    /// Te: Error(ModelMismatch) when --t5xxl (or the folder's text_encoder_2) holds no T5
-    /// encoder of the DiT's context width, or --clip_l (text_encoder) no CLIP text encoder of
-    /// its pooled width; checked from headers before any weight is loaded.
-    void load(Module m) override;
-    void unload(Module m) override;
-    bool loaded(Module m) const override;
     /// context [512, d_model] = T5 last_hidden_state of the padded prompt, pooled [P] = CLIP
     /// pooler_output, token_ids = the 512 T5 ids. clip_skip is ignored.
     Conditioning encode_prompt(const std::string& prompt, int clip_skip) override;
@@ -115,20 +105,6 @@ public:
     vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) override;
     /// image [1, 3, H, W] in [-1, 1] -> raw posterior (before shift/scaling).
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
-    size_t param_bytes(Module m) const override;
-    size_t compute_bytes(Module m) const override;
-    /// te: two costs of module te (one stage: they are loaded together): the T5 encoder at 512
-    /// tokens (kFlux1T5Tokens) and CLIP-L at one 77-token window; diffusion: the DiT for a latent
-    /// of h x w cells ((h/2)(w/2) image tokens) and a 512-token context. Reads the text encoders'
-    /// headers; a text encoder without a file is left out.
-    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: plans of T5, CLIP and the DiT (placement::plan_modules).
-    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
-    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
-    /// Plans in use (the text encoders' kept after they are unloaded) and measured peaks per device.
-    std::vector<placement::ModulePlan> placement_plans() const override;
-    std::map<std::string, uint64_t> placement_peaks() const override;
-
     /// The DiT's configuration (from the headers).
     const FluxDiTConfig& dit_config() const { return dcfg_; }
     /// True for dev (guidance embedder present), false for schnell.
@@ -137,26 +113,30 @@ public:
     float guidance() const { return guidance_; }
 
 private:
-    Flux1() = default;
+    Flux1(const ModelFiles& files, const FamilyOptions& opt);
+    /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) --t5xxl (or the
+    /// folder's text_encoder_2) without a T5 encoder of the DiT's context width, or --clip_l
+    /// (text_encoder) without a CLIP text encoder of its pooled width; checked from headers before
+    /// any weight is loaded. Costs: te = two entries of module te (one stage: they are loaded
+    /// together), the T5 encoder at 512 tokens (kFlux1T5Tokens) and CLIP-L at one 77-token window
+    /// (a text encoder without a file is left out); diffusion = the DiT for a latent of h x w
+    /// cells ((h/2)(w/2) image tokens) and a 512-token context; vae = the AutoencoderKL decoder.
+    void add_modules();
+    /// FLUX.1 packs the latent 2x2: Error(InvalidInput) for odd sides.
+    void check_planned_latent(int64_t h, int64_t w) const override;
     struct TeModels;   ///< T5 + CLIP, loaded
     struct PlacedTe;   ///< T5 + CLIP under FamilyOptions::placement (two PlacedSequences, stage te)
+    struct DiTWhole;   ///< the DiT loaded whole
     struct PlacedDiT;  ///< the DiT under FamilyOptions::placement
     /// Opens (or reuses) the index of a text encoder file and checks it. Throws
     /// Error(ModelMismatch) naming the flag, what was found and what FLUX.1 expects.
     const io::WeightIndex& t5_headers(std::unique_ptr<io::WeightIndex>& own, t5::T5Keys& keys, t5::T5Config& cfg) const;
     const io::WeightIndex& clip_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& cfg) const;
-    const io::WeightIndex& index_for(const std::string& path, const std::string& flag, std::unique_ptr<io::WeightIndex>& own) const;
 
-    ModelFiles files_;
-    FamilyOptions opt_;
-    ggml_type weight_type_ = GGML_TYPE_COUNT;
     float guidance_ = kFlux1DefaultGuidance;
-
-    std::string dit_path_, vae_path_, t5_path_, clip_path_;
-    std::string dit_flag_, vae_flag_, t5_flag_, clip_flag_;
+    ModuleSource t5_src_, clip_src_;
     std::string model_desc_, shift_src_;
 
-    std::unique_ptr<io::WeightIndex> dit_idx_, vae_idx_;
     FluxSource dsrc_;
     FluxDiTConfig dcfg_;
     std::optional<vae::KLSource> kl_;
@@ -165,30 +145,9 @@ private:
     std::unique_ptr<sampling::ModelSampling> ms_;
     sampling::ScheduleOptions sched_opt_;
 
-    std::unique_ptr<TeModels> te_;
-    std::unique_ptr<runtime::GraphRunner> dit_runner_, vae_runner_;
-    std::unique_ptr<FluxDiTModel> dit_;
-    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
-    std::unique_ptr<PlacedTe> placed_te_;
-    std::unique_ptr<PlacedDiT> placed_dit_;
-    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plans, kept after unload
-    std::map<std::string, uint64_t> te_peaks_done_;
-    /// The VAE decoder under FamilyOptions::placement (the VAE encoder and TAEF2 run whole).
-    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
-    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
-    std::map<std::string, uint64_t> dit_peaks_done_;
-    std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
-    std::map<std::string, uint64_t> vae_peaks_done_;
-    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
-    /// plan and measured peaks kept when it is unloaded.
-    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
-    std::vector<placement::ModulePlan> vae_enc_plans_done_;
-    std::map<std::string, uint64_t> vae_enc_peaks_done_;
-    /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.
-    placement::VaeDecoderSource vae_source() const;
-    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), in pixels.
-    vae::TilingOptions planned_tiling() const;
-    size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
+    // Module slots (owned by modules_).
+    ModuleSlot<TeModels, PlacedTe>* te_ = nullptr;
+    ModuleSlot<DiTWhole, PlacedDiT>* dit_ = nullptr;
 };
 
 }  // namespace easel::models::flux

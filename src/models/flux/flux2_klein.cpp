@@ -8,8 +8,7 @@
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3_row_split.h"
-#include "placement/placed_sequence.h"
-#include "placement/taesd.h"
+#include "runtime/placed_sequence.h"
 #include "text/qwen_tokenizer.h"
 
 #include <algorithm>
@@ -21,8 +20,6 @@ namespace easel::models::flux {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string flag_of(const std::string& flag_and_path) { return flag_and_path.substr(0, flag_and_path.find(' ')); }
 
 // ---- Pillow's Lanczos resampling (libImaging/Resample.c), 8 bits per channel ----------------
 
@@ -213,57 +210,29 @@ KleinReferences klein_pack_references(std::span<const vae::HostTensor> latents) 
 
 
 std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const FamilyOptions& opt) {
-    std::unique_ptr<Flux2Klein> m(new Flux2Klein());
-    m->files_ = files;
-    m->opt_ = opt;
-    m->weight_type_ = parse_weight_type(opt.weight_type);
+    std::unique_ptr<Flux2Klein> m(new Flux2Klein(files, opt));
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a FLUX.2 Klein file) or --diffusion-model");
 
-    std::optional<nlohmann::json> sched_cfg;
-    if (!files.model.empty()) {
-        if (io::is_pipeline_folder(files.model)) {
-            std::string pipeline_class;
-            auto comps = io::list_pipeline_components(files.model, &pipeline_class);
-            for (auto& c : comps) {
-                if (c.name == "transformer") m->dit_path_ = c.folder.string();
-                else if (c.name == "vae") m->vae_path_ = c.folder.string();
-                else if (c.name == "text_encoder") m->te_path_ = c.folder.string();
-                else if (c.name == "scheduler") sched_cfg = read_json(c.folder / "scheduler_config.json");
-                else if (c.name == "tokenizer") {
-                    std::error_code ec;
-                    if (fs::is_regular_file(c.folder / "tokenizer.json", ec)) m->tokenizer_json_ = (c.folder / "tokenizer.json").string();
-                }
+    static const SourceRule rules[] = {{"transformer", &ModelFiles::diffusion_model, "--diffusion-model"},
+                                       {"vae", &ModelFiles::vae, "--vae"},
+                                       {"text_encoder", &ModelFiles::llm, "--llm"}};
+    ResolvedSources rs = resolve_sources(files, rules);
+    const std::optional<nlohmann::json>& sched_cfg = rs.scheduler_config;
+    m->tokenizer_json_ = rs.tokenizer_json;
+    rs.require(0, "FLUX.2 Klein pipelines");
+    if (rs.folder) {
+        if (auto mi = read_json(fs::path(files.model) / "model_index.json"); mi && mi->is_object()) {
+            if (auto it = mi->find("is_distilled"); it != mi->end() && it->is_boolean()) {
+                m->distilled_ = it->get<bool>();
+                m->distilled_src_ = "model_index.json";
             }
-            if (m->dit_path_.empty() && files.diffusion_model.empty())
-                fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no transformer folder; FLUX.2 Klein pipelines have one",
-                     files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
-            if (auto mi = read_json(fs::path(files.model) / "model_index.json"); mi && mi->is_object()) {
-                if (auto it = mi->find("is_distilled"); it != mi->end() && it->is_boolean()) {
-                    m->distilled_ = it->get<bool>();
-                    m->distilled_src_ = "model_index.json";
-                }
-            }
-            m->model_desc_ = "diffusers folder " + files.model;
-        } else {
-            m->dit_path_ = m->vae_path_ = m->te_path_ = files.model;
-            m->model_desc_ = files.model;
         }
-        m->dit_flag_ = m->vae_flag_ = m->te_flag_ = "-m " + files.model;
     }
-    if (!files.diffusion_model.empty()) {
-        m->dit_path_ = files.diffusion_model;
-        m->dit_flag_ = "--diffusion-model " + files.diffusion_model;
-        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
-    }
-    if (!files.vae.empty()) {
-        m->vae_path_ = files.vae;
-        m->vae_flag_ = "--vae " + files.vae;
-    }
-    if (!files.llm.empty()) {
-        m->te_path_ = files.llm;
-        m->te_flag_ = "--llm " + files.llm;
-    }
+    m->dit_src_ = rs.sources[0];
+    m->vae_src_ = rs.sources[1];
+    m->te_src_ = rs.sources[2];
+    m->model_desc_ = rs.model_desc;
     if (!files.taesd.empty()) {
         std::error_code ec;
         if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
@@ -272,54 +241,49 @@ std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const Fami
     if (m->distilled_src_.empty()) m->distilled_src_ = "assumed for single files";
 
     // Transformer configuration from its headers.
-    m->dit_idx_ = open_index(m->dit_path_, flag_of(m->dit_flag_));
+    m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
     auto src = find_flux2_dit(*m->dit_idx_);
     if (!src)
         fail(ErrorKind::ModelMismatch, "{}: no FLUX.2 transformer in it (no double_stream_modulation_img); pass the FLUX.2 Klein model as -m or "
-             "--diffusion-model", m->dit_flag_);
+             "--diffusion-model", m->dit_src_.named());
     m->dcfg_ = infer_flux2_dit_config(*m->dit_idx_, *src);
     if (m->dcfg_.guidance_embeds || m->dcfg_.joint_dim == 15360)
         fail(ErrorKind::ModelMismatch,
              "{}: this is FLUX.2 [dev] (guidance embedder, context width {} from the Mistral-3 text encoder); easel runs FLUX.2 [klein] "
-             "(Qwen3 text encoder, no guidance embedder)", m->dit_flag_, m->dcfg_.joint_dim);
+             "(Qwen3 text encoder, no guidance embedder)", m->dit_src_.named(), m->dcfg_.joint_dim);
     if (m->dcfg_.in_channels % 4 != 0 || m->dcfg_.out_channels != m->dcfg_.in_channels)
         fail(ErrorKind::ModelMismatch, "{}: the transformer takes {} and returns {} channels; FLUX.2 takes 4 x the VAE's latent channels "
-             "and returns as many", m->dit_flag_, m->dcfg_.in_channels, m->dcfg_.out_channels);
+             "and returns as many", m->dit_src_.named(), m->dcfg_.in_channels, m->dcfg_.out_channels);
     if (m->dcfg_.joint_dim % 3 != 0)
         fail(ErrorKind::ModelMismatch, "{}: context width {} is not 3 x a Qwen3 hidden size (FLUX.2 Klein stacks 3 hidden states)",
-             m->dit_flag_, m->dcfg_.joint_dim);
+             m->dit_src_.named(), m->dcfg_.joint_dim);
 
     // VAE: headers + BatchNorm statistics (also needed to decode with TAEF2).
-    if (m->vae_path_.empty())
-        fail(ErrorKind::ModelMismatch, "{}: no VAE given; pass the FLUX.2 VAE (flux2-vae.safetensors / ae.safetensors) with --vae FILE "
-             "(also with --taesd: its latent statistics are needed)", m->dit_flag_);
-    if (m->vae_path_ != m->dit_path_) m->vae_idx_ = open_index(m->vae_path_, flag_of(m->vae_flag_));
-    const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->dit_idx_;
-    m->kl_ = vae::find_autoencoder_kl(vi);
-    if (!m->kl_)
-        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass the FLUX.2 VAE with --vae FILE", m->vae_flag_);
-    check_vae_kind(vi, *m->kl_, m->dcfg_.in_channels / 4, m->vae_flag_, "FLUX.2 Klein",
-                   fmt::format("the FLUX.2 VAE ({} latent channels, flux2-vae.safetensors)", m->dcfg_.in_channels / 4));
-    vae::KLOverrides kov;
-    if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
-    auto kcfg = vae::infer_autoencoder_kl_config(vi, *m->kl_, kov);
-    if (kcfg.latent_channels * 4 != m->dcfg_.in_channels)
-        fail(ErrorKind::ModelMismatch, "{}: the VAE has {} latent channels; this transformer needs the {}-channel FLUX.2 VAE", m->vae_flag_,
-             kcfg.latent_channels, m->dcfg_.in_channels / 4);
-    m->vae_factor_ = kcfg.spatial_factor();
+    VaeExpect ve;
+    ve.latent_channels = m->dcfg_.in_channels / 4;
+    ve.family = "FLUX.2 Klein";
+    ve.needed = fmt::format("the FLUX.2 VAE ({} latent channels, flux2-vae.safetensors)", ve.latent_channels);
+    ve.no_vae = "pass the FLUX.2 VAE (flux2-vae.safetensors / ae.safetensors) with --vae FILE (also with --taesd: its latent statistics are needed)";
+    ve.no_kl = "pass the FLUX.2 VAE with --vae FILE";
+    ve.wrong_channels = fmt::format("this transformer needs the {}-channel FLUX.2 VAE", ve.latent_channels);
+    const VaeHeaders vh = m->read_vae_headers(ve);
+    m->kl_ = vh.kl;
+    m->vae_factor_ = vh.cfg.spatial_factor();
+    const io::WeightIndex& vi = m->vae_index();
     try {
         m->stats_ = Flux2LatentStats::load(vi);
     } catch (const Error& e) {
-        fail(ErrorKind::ModelMismatch, "{}: {}; FLUX.2 needs the FLUX.2 VAE (with bn.running_mean / bn.running_var)", m->vae_flag_, e.what());
+        fail(ErrorKind::ModelMismatch, "{}: {}; FLUX.2 needs the FLUX.2 VAE (with bn.running_mean / bn.running_var)", m->vae_src_.named(), e.what());
     }
     if ((int64_t)m->stats_.mean.size() != m->dcfg_.in_channels)
-        fail(ErrorKind::ModelMismatch, "{}: the VAE's latent statistics have {} channels, the transformer takes {}", m->vae_flag_,
+        fail(ErrorKind::ModelMismatch, "{}: the VAE's latent statistics have {} channels, the transformer takes {}", m->vae_src_.named(),
              m->stats_.mean.size(), m->dcfg_.in_channels);
 
     double shift = 3.0;
     if (sched_cfg && sched_cfg->contains("shift") && (*sched_cfg)["shift"].is_number()) shift = (*sched_cfg)["shift"].get<double>();
     if (opt.flow_shift > 0.0f) shift = opt.flow_shift;
     m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::flow(shift));
+    m->add_modules();
     return m;
 }
 
@@ -358,38 +322,6 @@ sampling::ScheduleOptions Flux2Klein::schedule_options() const {
     sampling::ScheduleOptions o;
     o.flow_pipeline_sigmas = true;
     return o;
-}
-
-std::vector<std::string> Flux2Klein::module_files(Module m) const {
-    switch (m) {
-    case Module::Te: {
-        std::vector<std::string> r;
-        if (!te_path_.empty()) r.push_back(te_path_);
-        if (!tokenizer_json_.empty()) r.push_back(tokenizer_json_);
-        return r;
-    }
-    case Module::Diffusion: return {dit_path_};
-    case Module::VaeDecoder:
-        if (!taesd_path_.empty()) return {taesd_path_, vae_path_};
-        return {vae_path_};
-    case Module::VaeEncoder: return {vae_path_};
-    }
-    return {};
-}
-
-runtime::GraphRunner& Flux2Klein::vae_runner() {
-    if (!vae_runner_) vae_runner_ = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
-    return *vae_runner_;
-}
-
-bool Flux2Klein::loaded(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
-    case Module::Diffusion: return dit_ != nullptr || placed_dit_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr || taesd_ != nullptr || placed_vae_ != nullptr;
-    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
-    }
-    return false;
 }
 
 namespace {
@@ -440,8 +372,8 @@ private:
     const qwen3::Qwen3Model& m_;
 };
 
-using TePlaced = placement::PlacedSequence<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>;
-using DiTPlaced = placement::PlacedSequence<Flux2Inputs, Flux2State, FluxOutputs>;
+using TePlaced = runtime::PlacedSequence<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>;
+using DiTPlaced = runtime::PlacedSequence<Flux2Inputs, Flux2State, FluxOutputs>;
 
 /// Qwen3 with kKleinTextLayers[2] layers: tree, source, load options (no weights).
 struct TeModel {
@@ -539,12 +471,25 @@ struct Flux2Klein::PlacedTe {
     std::unique_ptr<io::WeightIndex> own;
     std::unique_ptr<TeModel> model;
     std::unique_ptr<TePlaced> placed;
+    const placement::ModulePlan& current_plan() const { return placed->current_plan(); }
+    std::map<std::string, uint64_t> peaks() const { return placed->peaks(); }
+};
+
+/// The transformer on FamilyOptions::diffusion_device.
+struct Flux2Klein::DiTWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::unique_ptr<Flux2DiTModel> dit;
+    size_t param_bytes() const { return dit->params.size(); }
 };
 
 struct Flux2Klein::PlacedDiT {
     std::unique_ptr<DiTModel> model;
     std::unique_ptr<DiTPlaced> placed;
+    const placement::ModulePlan& current_plan() const { return placed->current_plan(); }
+    std::map<std::string, uint64_t> peaks() const { return placed->peaks(); }
 };
+
+Flux2Klein::Flux2Klein(const ModelFiles& files, const FamilyOptions& opt) : FamilyBase(files, opt) {}
 
 Flux2Klein::~Flux2Klein() = default;
 
@@ -556,53 +501,34 @@ const text::QwenTokenizer& Flux2Klein::tokenizer() const {
 
 const io::WeightIndex& Flux2Klein::te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const {
     const std::string expected = klein_expected_text_encoder(dcfg_.joint_dim);
-    if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected);
-    const io::WeightIndex* ti = nullptr;
-    if (te_path_ == dit_path_) ti = dit_idx_.get();
-    else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
-    else {
-        own = open_index(te_path_, flag_of(te_flag_));
-        ti = own.get();
-    }
+    if (te_src_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: pass {} with --llm FILE", expected);
+    const io::WeightIndex* ti = &index_for(te_src_, own);
     auto k = qwen3::find_qwen3(*ti);
     if (!k)
         fail(ErrorKind::ModelMismatch, "{}: no Qwen3 text encoder found in it; this FLUX.2 Klein transformer expects {}; pass it with --llm FILE",
-             te_flag_, expected);
+             te_src_.named(), expected);
     keys = *k;
     cfg = qwen3::infer_config(*ti, keys);
     if (cfg.hidden * 3 != dcfg_.joint_dim)
         fail(ErrorKind::ModelMismatch,
              "{}: a Qwen3 text encoder of hidden size {} gives {} context features, but the transformer's context_embedder takes {}: this "
              "FLUX.2 Klein model expects {}",
-             te_flag_, cfg.hidden, cfg.hidden * 3, dcfg_.joint_dim, expected);
+             te_src_.named(), cfg.hidden, cfg.hidden * 3, dcfg_.joint_dim, expected);
     const int need_layers = kKleinTextLayers[2];
     if (cfg.layers < need_layers)
         fail(ErrorKind::ModelMismatch, "{}: the text encoder has {} layers; FLUX.2 Klein reads hidden state {} and needs at least {} ({})",
-             te_flag_, cfg.layers, need_layers, need_layers, expected);
+             te_src_.named(), cfg.layers, need_layers, need_layers, expected);
     return *ti;
 }
 
-void Flux2Klein::load(Module m) {
-    if (loaded(m)) return;
-    switch (m) {
-    case Module::Te: {
+void Flux2Klein::add_modules() {
+    // te: Qwen3, its hidden states 9, 18 and 27
+    ModuleSlot<qwen3::Qwen3TextEncoder, PlacedTe>::Hooks th;
+    th.load_whole = [this] {
         std::unique_ptr<io::WeightIndex> own;
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, keys, qc);
-        if (opt_.placement) {  // planned and loaded on the first encoding
-            auto p = std::make_unique<PlacedTe>();
-            p->model = std::make_unique<TeModel>(ti, keys, weight_type_);
-            p->own = std::move(own);
-            TeModel& tm = *p->model;
-            p->placed = std::make_unique<TePlaced>(*tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads,
-                                                   opt_.flash_attn_te);
-            // --split-mode te=row: the Qwen3 layers on ggml's meta device (qwen3_row_split.h)
-            p->placed->set_row_split(qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te));
-            te_desc_ = fmt::format("Qwen3 hidden {} x {} layers (first {} loaded)", qc.hidden, qc.layers, tm.cfg.layers);
-            placed_te_ = std::move(p);
-            break;
-        }
         qwen3::Qwen3RunOptions ro;
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
@@ -612,151 +538,137 @@ void Flux2Klein::load(Module m) {
         // 28 layers give the same value and the deeper ones are never read.
         const int max_index = kKleinTextLayers[2];
         if (qc.layers > max_index + 1) ro.overrides.layers = max_index + 1;
-        te_ = std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
+        auto te = std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
         te_desc_ = fmt::format("Qwen3 hidden {} x {} layers{}", qc.hidden, qc.layers,
                                ro.overrides.layers ? fmt::format(" (first {} loaded)", *ro.overrides.layers) : std::string());
-        break;
-    }
-    case Module::Diffusion: {
-        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
-            placed_dit_ = std::make_unique<PlacedDiT>();
-            placed_dit_->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
-            DiTModel& dm = *placed_dit_->model;
-            placed_dit_->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement,
-                                                              opt_.threads, opt_.flash_attn_diffusion);
-            placed_dit_->placed->set_row_split(flux2_row_split_rules(*dm.net));
-            break;
-        }
-        dit_runner_ = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
+        return te;
+    };
+    th.load_placed = [this] {  // planned and loaded on the first encoding
+        auto p = std::make_unique<PlacedTe>();
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(p->own, keys, qc);
+        p->model = std::make_unique<TeModel>(ti, keys, weight_type_);
+        TeModel& tm = *p->model;
+        p->placed = std::make_unique<TePlaced>(*tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads,
+                                               opt_.flash_attn_te);
+        // --split-mode te=row: the Qwen3 layers on ggml's meta device (qwen3_row_split.h)
+        p->placed->set_row_split(qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te));
+        te_desc_ = fmt::format("Qwen3 hidden {} x {} layers (first {} loaded)", qc.hidden, qc.layers, tm.cfg.layers);
+        return p;
+    };
+    th.files = [this] {
+        std::vector<std::string> r;
+        if (!te_src_.empty()) r.push_back(te_src_.path);
+        if (!tokenizer_json_.empty()) r.push_back(tokenizer_json_);
+        return r;
+    };
+    th.costs = [this](int64_t, int64_t) {  // Qwen3 of 27 layers at 512 tokens with the padding mask
+        std::vector<placement::ModuleCosts> out;
+        if (te_src_.empty()) return out;
+        const int64_t Lt = kKleinPromptTokens;
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            std::unique_ptr<TeModel> model;
+            TeHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(k->own, keys, qc);
+        k->model = std::make_unique<TeModel>(ti, keys, weight_type_);
+        k->d.L = Lt;
+        k->d.ids.assign((size_t)Lt, 0);
+        k->d.mask = qwen3::attention_mask(std::vector<int32_t>((size_t)Lt, 1), Lt, 1);
+        k->d.pos = qwen3::positions(Lt);
+        TeModel& tm = *k->model;
+        out.push_back(runtime::self_contained_costs<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>(
+            placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te, te_inputs(k->d), te_outputs,
+            te_label(tm.cfg, Lt), qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te)));
+        return out;
+    };
+    te_ = &modules_.add<qwen3::Qwen3TextEncoder, PlacedTe>(Module::Te, std::move(th));
+
+    // diffusion: the FLUX.2 transformer
+    ModuleSlot<DiTWhole, PlacedDiT>::Hooks dh;
+    dh.load_whole = [this] {
+        auto d = std::make_unique<DiTWhole>();
+        d->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        dit_ = std::make_unique<Flux2DiTModel>(Flux2DiTModel::load(*dit_idx_, dit_runner_->buffer_type(), lo, dcfg_.axes_dims));
-        break;
-    }
-    case Module::VaeDecoder: {
-        if (!taesd_path_.empty()) {
-            taesd_idx_ = open_index(taesd_path_, "--taesd");
-            taesd_ = vae::TinyAutoencoder::load(*taesd_idx_, vae_runner().backend());
-            if (!taesd_->has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF2: taef2_decoder)", taesd_path_);
-            if (taesd_->latent_channels() * 4 != dcfg_.in_channels)
-                fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; FLUX.2 needs TAEF2 ({} channels)", taesd_path_,
-                     taesd_->latent_channels(), dcfg_.in_channels / 4);
-            break;
-        }
-        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent size)
-            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, false);
-            break;
-        }
-        [[fallthrough]];
-    }
-    case Module::VaeEncoder: {
-        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
-            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, false);
-            break;
-        }
-        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *dit_idx_;
-        vae::KLOverrides kov;
-        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
-        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
-        slot = vae::AutoencoderKLModel::load(vi, *kl_, vae_runner().backend(), kov,
-                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
-        break;
-    }
-    }
-    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
-}
+        d->dit = std::make_unique<Flux2DiTModel>(Flux2DiTModel::load(*dit_idx_, d->runner->buffer_type(), lo, dcfg_.axes_dims));
+        return d;
+    };
+    dh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
+        auto p = std::make_unique<PlacedDiT>();
+        p->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
+        DiTModel& dm = *p->model;
+        p->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
+                                                opt_.flash_attn_diffusion);
+        p->placed->set_row_split(flux2_row_split_rules(*dm.net));
+        return p;
+    };
+    dh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
+    dh.costs = [this](int64_t h, int64_t w) {  // h x w image tokens (+ the reference tokens set so far) and a 512-token context
+        const int64_t Lt = kKleinPromptTokens;
+        struct Keep {
+            std::unique_ptr<DiTModel> model;
+            DiTHost d;
+        };
+        auto k = std::make_shared<Keep>();
+        k->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
+        DiTHost& d = k->d;
+        d.L = h * w + refs_.count;
+        d.Lt = Lt;
+        d.img.assign((size_t)(d.L * dcfg_.in_channels), 0.0f);
+        d.txt.assign((size_t)(Lt * dcfg_.joint_dim), 0.0f);
+        d.rope = klein_rope(dcfg_, Lt, h, w, refs_.ids);
+        DiTModel& m = *k->model;
+        return std::vector<placement::ModuleCosts>{runtime::self_contained_costs<Flux2Inputs, Flux2State, FluxOutputs>(
+            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
+            dit_output, dit_label(dcfg_, h, w, refs_.count, Lt), flux2_row_split_rules(*m.net))};
+    };
+    dit_ = &modules_.add<DiTWhole, PlacedDiT>(Module::Diffusion, std::move(dh));
 
-void Flux2Klein::unload(Module m) {
-    switch (m) {
-    case Module::Te:
-        te_.reset();
-        if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) {
-            te_plans_done_ = {placed_te_->placed->current_plan()};
-            te_peaks_done_ = placed_te_->placed->peaks();
-        }
-        placed_te_.reset();
-        break;
-    case Module::Diffusion:
-        dit_.reset();
-        dit_runner_.reset();
-        if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) {  // the closing memory line names its devices
-            dit_plans_done_ = {placed_dit_->placed->current_plan()};
-            dit_peaks_done_ = placed_dit_->placed->peaks();
-        }
-        placed_dit_.reset();
-        break;
-    case Module::VaeDecoder:
-        vae_dec_.reset();
-        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
-            vae_plans_done_ = {placed_vae_->current_plan()};
-            vae_peaks_done_ = placed_vae_->peaks();
-        }
-        placed_vae_.reset();
-        taesd_.reset();
-        taesd_idx_.reset();
-        if (!vae_enc_) vae_runner_.reset();
-        break;
-    case Module::VaeEncoder:
-        vae_enc_.reset();
-        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
-            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
-            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
-        }
-        placed_vae_enc_.reset();
-        if (!vae_dec_ && !taesd_) vae_runner_.reset();
-        break;
-    }
-}
-
-size_t Flux2Klein::param_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ ? te_->param_bytes() : 0;
-    case Module::Diffusion: return dit_ ? dit_->params.size() : 0;
-    case Module::VaeDecoder:
-        if (vae_dec_) return bound_bytes(vae_dec_->module());
-        if (placed_vae_) return placed_vae_->param_bytes();
-        if (taesd_) {
-            size_t b = 0;
-            if (taesd_->decoder()) b += bound_bytes(*taesd_->decoder());
-            if (taesd_->encoder()) b += bound_bytes(*taesd_->encoder());
-            return b;
-        }
-        return 0;
-    case Module::VaeEncoder: return vae_enc_ ? bound_bytes(vae_enc_->module()) : placed_vae_enc_ ? placed_vae_enc_->param_bytes() : 0;
-    }
-    return 0;
-}
-
-size_t Flux2Klein::compute_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_compute_;
-    case Module::Diffusion: return dit_compute_;
-    case Module::VaeDecoder: return vae_dec_compute_;
-    case Module::VaeEncoder: return vae_enc_compute_;
-    }
-    return 0;
+    // vae: AutoencoderKLFlux2 on the VAE latent of the job (the sampler's latent is 2x2-patchified,
+    // so the VAE's is 2h x 2w), or TAEF2 for decoding (the VAE file still gives the statistics)
+    VaeSetup v;
+    v.kl = kl_;
+    v.tile_factor = latent_format().spatial_factor;
+    v.latent_scale = 2;
+    v.taesd_path = taesd_path_;
+    v.taesd_reads_vae_file = true;
+    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
+        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF2: taef2_decoder)", taesd_path_);
+        if (t.latent_channels() * 4 != dcfg_.in_channels)
+            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; FLUX.2 needs TAEF2 ({} channels)", taesd_path_,
+                 t.latent_channels(), dcfg_.in_channels / 4);
+    };
+    add_vae(std::move(v));
 }
 
 Conditioning Flux2Klein::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
     std::vector<int32_t> ids, mask01;
     klein_prompt_tokens(tokenizer(), prompt, ids, mask01);
     load(Module::Te);
-    const int64_t vocab = placed_te_ ? placed_te_->model->cfg.vocab : te_->config().vocab;
+    PlacedTe* placed = te_->placed();
+    const int64_t vocab = placed ? placed->model->cfg.vocab : te_->whole()->config().vocab;
     for (int32_t id : ids)
         if (id < 0 || id >= vocab)
             fail(ErrorKind::ModelMismatch, "{}: token id {} is outside the text encoder's vocabulary of {}; FLUX.2 Klein expects {} with Qwen's vocabulary",
-                 te_flag_, id, vocab, klein_expected_text_encoder(dcfg_.joint_dim));
+                 te_src_.named(), id, vocab, klein_expected_text_encoder(dcfg_.joint_dim));
     std::vector<runtime::HostTensor> hs;
-    if (placed_te_) {
+    if (placed) {
         TeHost d;
         d.L = kKleinPromptTokens;
         d.ids = ids;
         d.mask = qwen3::attention_mask(mask01, d.L, 1);
         d.pos = qwen3::positions(d.L);
-        hs = placed_te_->placed->run({d.L}, te_inputs(d), te_outputs, te_label(placed_te_->model->cfg, d.L));
+        hs = placed->placed->run({d.L}, te_inputs(d), te_outputs, te_label(placed->model->cfg, d.L));
     } else {
-        hs = te_->run(ids, mask01, 1, kKleinPromptTokens, std::span<const int>(kKleinTextLayers, 3));
-        te_compute_ = std::max(te_compute_, te_->runner().last_compute_bytes());
+        qwen3::Qwen3TextEncoder& te = *te_->whole();
+        hs = te.run(ids, mask01, 1, kKleinPromptTokens, std::span<const int>(kKleinTextLayers, 3));
+        te_->note_compute(te.runner().last_compute_bytes());
     }
     runtime::HostTensor st = qwen3::stack_hidden_states(hs);
     Conditioning r;
@@ -801,7 +713,7 @@ void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> conc
     const RopeTables rope = rope_tables(ids, Lt + L, dcfg_.axes_dims, dcfg_.theta);
     // Flux2KleinPipeline: timestep = t / 1000 in float32, t = sigma * 1000 (float32)
     const float t_model = (float)timestep / 1000.0f;
-    if (placed_dit_) {
+    if (PlacedDiT* pd = dit_->placed()) {
         DiTHost d;
         d.img = std::move(img);
         d.txt = cond.context;
@@ -809,7 +721,7 @@ void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> conc
         d.rope = rope;
         d.L = L;
         d.Lt = Lt;
-        auto res = placed_dit_->placed->run({h, w, Lr, Lt}, dit_inputs(placed_dit_->model->cfg, d), dit_output, dit_label(dcfg_, h, w, Lr, Lt));
+        auto res = pd->placed->run({h, w, Lr, Lt}, dit_inputs(pd->model->cfg, d), dit_output, dit_label(dcfg_, h, w, Lr, Lt));
         if ((int64_t)res.at(0).data.size() != C * L)
             fail(ErrorKind::Internal, "FLUX.2 transformer: output has {} values, expected {}", res[0].data.size(), C * L);
         res[0].data.resize((size_t)(C * Li));
@@ -817,8 +729,9 @@ void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> conc
         std::copy(o.data.begin(), o.data.end(), out.begin());
         return;
     }
-    dit_runner_->set_threads(opt_.threads);
-    auto res = dit_runner_->run([&](runtime::GraphBuilder& g) {
+    DiTWhole& dw = *dit_->whole();
+    dw.runner->set_threads(opt_.threads);
+    auto res = dw.runner->run([&](runtime::GraphBuilder& g) {
         nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion, g.backend()};
         Flux2Inputs in;
         in.img = g.input_f32("img", {C, L, 1}, img);
@@ -826,9 +739,9 @@ void Flux2Klein::diffusion(std::span<const float> x, std::span<const float> conc
         in.timestep = g.input_f32("t", {1}, std::span<const float>(&t_model, 1));
         in.rope_cos = g.input_f32("rope_cos", {rope.half_dim, rope.tokens}, rope.cos);
         in.rope_sin = g.input_f32("rope_sin", {rope.half_dim, rope.tokens}, rope.sin);
-        return std::vector<ggml_tensor*>{dit_->module->forward(c, in).sample};
+        return std::vector<ggml_tensor*>{dw.dit->module->forward(c, in).sample};
     });
-    dit_compute_ = std::max(dit_compute_, dit_runner_->last_compute_bytes());
+    dit_->note_compute(dw.runner->last_compute_bytes());
     if ((int64_t)res[0].data.size() != C * L)
         fail(ErrorKind::Internal, "FLUX.2 transformer: output has {} values, expected {}", res[0].data.size(), C * L);
     // noise_pred[:, :Li]: the image tokens, back to [C, h, w]
@@ -841,37 +754,13 @@ vae::HostTensor Flux2Klein::decode(const vae::HostTensor& latent, const vae::Til
     if (latent.c != dcfg_.in_channels)
         fail(ErrorKind::InvalidInput, "latent has {} channels; FLUX.2 Klein latents have {}", latent.c, dcfg_.in_channels);
     load(Module::VaeDecoder);
-    vae::ExecOptions ex;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
     vae::HostTensor z = flux2_diffusion_to_vae(latent, stats_);
-    if (taesd_) {
-        if (!opt_.placement) return taesd_->decode(z, ex);
-        // under placement flags: TAEF2 runs whole on the vae entry's first device; its plan (the
-        // vae row) and measured peak (parameter buffer + compute buffer) join the plans printed
-        const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-        const placement::PlacementSpec ts = placement::taesd_spec(*opt_.placement);
-        placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
-                                                            placement::taesd_decoder_costs(*taesd_idx_, z.h, z.w), budgets);
-        size_t compute = 0;
-        ex.compute_bytes = &compute;
-        vae::HostTensor img = taesd_->decode(z, ex);
-        vae_dec_compute_ = std::max(vae_dec_compute_, compute);
-        const std::string dev = ts[placement::PModule::Vae].devices.front();
-        vae_plans_done_ = {std::move(plan)};
-        vae_peaks_done_[dev] = std::max<uint64_t>(vae_peaks_done_[dev], placement::taesd_measured_peak(taesd_->decoder_param_bytes(), compute));
-        return img;
-    }
-    if (placed_vae_) return placed_vae_->decode(z, tiling);
-    return vae_dec_->decode(z, tiling, ex);
+    if (decodes_with_taesd()) return decode_taesd(z);
+    return decode_kl(z, tiling);
 }
 
 vae::HostTensor Flux2Klein::vae_encode_mean(const vae::HostTensor& image, const vae::TilingOptions& tiling, vae::HostTensor* logvar) {
-    load(Module::VaeEncoder);
-    vae::ExecOptions ex;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
-    vae::LatentDist d = placed_vae_enc_ ? placed_vae_enc_->encode(image, tiling) : vae_enc_->encode(image, tiling, ex);
+    vae::LatentDist d = encode_kl(image, tiling);
     if (logvar) *logvar = std::move(d.logvar);
     return std::move(d.mean);
 }
@@ -912,68 +801,9 @@ void Flux2Klein::set_reference_images(std::span<const vae::HostTensor> images) {
     refs_ = klein_pack_references(lat);
 }
 
-std::vector<placement::ModuleCosts> Flux2Klein::placement_costs(int64_t h, int64_t w) {
-    std::vector<placement::ModuleCosts> out;
+void Flux2Klein::check_planned_latent(int64_t h, int64_t w) const {
     if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "latent size {}x{} must be positive", w, h);
-    const int64_t Lt = kKleinPromptTokens;
-    if (!te_path_.empty() && !costs_skip_te()) {  // te: Qwen3 of 27 layers at 512 tokens with the padding mask
-        struct Keep {
-            std::unique_ptr<io::WeightIndex> own;
-            std::unique_ptr<TeModel> model;
-            TeHost d;
-        };
-        auto k = std::make_shared<Keep>();
-        qwen3::Qwen3Keys keys;
-        qwen3::Qwen3Config qc;
-        const io::WeightIndex& ti = te_headers(k->own, keys, qc);
-        k->model = std::make_unique<TeModel>(ti, keys, weight_type_);
-        k->d.L = Lt;
-        k->d.ids.assign((size_t)Lt, 0);
-        k->d.mask = qwen3::attention_mask(std::vector<int32_t>((size_t)Lt, 1), Lt, 1);
-        k->d.pos = qwen3::positions(Lt);
-        TeModel& tm = *k->model;
-        out.push_back(placement::self_contained_costs<qwen3::Qwen3Inputs, KleinTeState, KleinTeOutputs>(
-            placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te, te_inputs(k->d), te_outputs,
-            te_label(tm.cfg, Lt), qwen3::qwen3_row_split_rules(*tm.net, opt_.flash_attn_te)));
-    }
-    {  // diffusion: h x w image tokens (+ the reference tokens set so far) and a 512-token context
-        struct Keep {
-            std::unique_ptr<DiTModel> model;
-            DiTHost d;
-        };
-        auto k = std::make_shared<Keep>();
-        k->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
-        DiTHost& d = k->d;
-        d.L = h * w + refs_.count;
-        d.Lt = Lt;
-        d.img.assign((size_t)(d.L * dcfg_.in_channels), 0.0f);
-        d.txt.assign((size_t)(Lt * dcfg_.joint_dim), 0.0f);
-        d.rope = klein_rope(dcfg_, Lt, h, w, refs_.ids);
-        DiTModel& m = *k->model;
-        out.push_back(placement::self_contained_costs<Flux2Inputs, Flux2State, FluxOutputs>(
-            placement::PModule::Diffusion, k, *m.net, *m.net, *m.src, m.lo, opt_.threads, opt_.flash_attn_diffusion, dit_inputs(m.cfg, d),
-            dit_output, dit_label(dcfg_, h, w, refs_.count, Lt), flux2_row_split_rules(*m.net)));
-    }
-    // vae: the AutoencoderKL decoder (not when TAEF2 decodes) on the VAE latent of the job: the
-    // sampler's latent is 2x2-patchified, so the VAE's is 2h x 2w
-    if (taesd_path_.empty() && kl_ && kl_->has_decoder)
-        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, false, 2 * h, 2 * w, planned_tiling()));
-    if (!taesd_path_.empty()) {  // --taesd: the TAEF2 decoder is the vae module (run whole, untiled), same 2h x 2w latent
-        auto ti = open_index(taesd_path_, "--taesd");
-        out.push_back(placement::taesd_decoder_costs(*ti, 2 * h, 2 * w));
-    }
-    return out;
 }
-
-placement::VaeDecoderSource Flux2Klein::vae_source() const {
-    placement::VaeDecoderSource s;
-    s.index = vae_idx_ ? vae_idx_.get() : dit_idx_.get();
-    s.src = *kl_;
-    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
-    return s;
-}
-
-vae::TilingOptions Flux2Klein::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, latent_format().spatial_factor); }
 
 namespace {
 
@@ -992,53 +822,12 @@ std::pair<int64_t, int64_t> klein_reference_size(int64_t H, int64_t W, int multi
 
 }  // namespace
 
-std::optional<placement::ModuleCosts> Flux2Klein::encode_costs(int tile) {
-    if (!(kl_ && kl_->has_encoder && (!opt_.vae_encode_sizes.empty() || !opt_.reference_sizes.empty()))) return std::nullopt;
+std::vector<std::pair<int64_t, int64_t>> Flux2Klein::encode_sizes() const {
     const int64_t m = latent_format().spatial_factor;
-    auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, m);
+    auto sizes = vae::encode_sizes_at(opt_.vae_encode_sizes, m);
     for (auto [H, W] : opt_.reference_sizes)
         if (auto r = klein_reference_size(H, W, (int)m); r.first > 0 && r.second > 0) sizes.push_back(r);
-    return placement::encode_stage_costs(vae_source(), opt_.threads, false, sizes, placement::planned_tiling(tile, latent_format().spatial_factor));
-}
-
-std::vector<placement::ModulePlan> Flux2Klein::plan_placement(int64_t h, int64_t w) {
-    if (!opt_.placement) return {};
-    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-    std::optional<std::string> taesd_warning;
-    const placement::PlacementSpec spec = taesd_path_.empty() ? *opt_.placement : placement::taesd_spec(*opt_.placement, &taesd_warning);
-    if (taesd_warning) log::warn("{}", *taesd_warning);
-    auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
-    // the encode stage (img2img, reference images): the VAE encoder under the vae entry
-    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
-    return plans;
-}
-
-std::vector<placement::ModulePlan> Flux2Klein::placement_plans() const {
-    std::vector<placement::ModulePlan> r;
-    if (placed_te_ && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
-    else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
-    if (placed_dit_ && !placed_dit_->placed->current_plan().segments.empty()) r.push_back(placed_dit_->placed->current_plan());
-    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
-    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
-    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
-    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
-    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
-    return r;
-}
-
-std::map<std::string, uint64_t> Flux2Klein::placement_peaks() const {
-    std::map<std::string, uint64_t> p = te_peaks_done_;
-    auto merge = [&](const std::map<std::string, uint64_t>& m) {
-        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
-    };
-    if (placed_te_) merge(placed_te_->placed->peaks());
-    merge(dit_peaks_done_);
-    if (placed_dit_) merge(placed_dit_->placed->peaks());
-    merge(vae_peaks_done_);
-    if (placed_vae_) merge(placed_vae_->peaks());
-    merge(vae_enc_peaks_done_);
-    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
-    return p;
+    return sizes;
 }
 
 }  // namespace easel::models::flux

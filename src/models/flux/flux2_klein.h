@@ -39,15 +39,11 @@
 #pragma once
 
 #include "io/weight_index.h"
-#include "models/family.h"
+#include "models/family_base.h"
 #include "models/flux/flux2_dit.h"
 #include "models/flux/flux2_vae.h"
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
-#include "placement/vae_decoder.h"
-#include "placement/vae_encoder.h"
-#include "models/vae/taesd.h"
-#include "runtime/graph_runner.h"
 
 #include <memory>
 #include <optional>
@@ -114,7 +110,7 @@ struct KleinReferences {
 KleinReferences klein_pack_references(std::span<const vae::HostTensor> latents);
 
 /// A FLUX.2 [klein] model bound to the user's files; modules load on demand.
-class Flux2Klein final : public Family {
+class Flux2Klein final : public FamilyBase {
 public:
     /// Resolves every module's source and reads the headers of the transformer and the VAE (no
     /// weights; nothing of the text encoder). Throws Error(ModelMismatch) when the diffusion
@@ -138,13 +134,6 @@ public:
     SamplingDefaults defaults() const override;
     /// flow_pipeline_sigmas (sigmas linspace(1, 1/n, n) as the pipeline passes them).
     sampling::ScheduleOptions schedule_options() const override;
-    std::vector<std::string> module_files(Module m) const override;
-    /// Te: Error(ModelMismatch) when the file holds no Qwen3 model, its hidden size x 3 differs
-    /// from the transformer's context width (naming the expected encoder), or it has fewer than
-    /// 27 layers; checked from headers, before any weight is read or any graph built.
-    void load(Module m) override;
-    void unload(Module m) override;
-    bool loaded(Module m) const override;
     /// context [512, 3 x hidden] (see the file comment), token_ids [512] (padding included), no
     /// mask (the transformer attends to every position). clip_skip is ignored.
     Conditioning encode_prompt(const std::string& prompt, int clip_skip) override;
@@ -165,20 +154,6 @@ public:
     /// clears them. Loads VaeEncoder (the caller may unload it afterwards).
     void set_reference_images(std::span<const vae::HostTensor> images) override;
     void check_reference_image(int width, int height) const override;
-    size_t param_bytes(Module m) const override;
-    size_t compute_bytes(Module m) const override;
-    /// te: Qwen3 built with 27 layers (kKleinTextLayers[2]: hidden_states 9, 18 and 27 are raw
-    /// layer outputs, the last one the state after its last block), 512 tokens with the padding
-    /// mask; diffusion: the transformer for a latent of h x w cells and a 512-token context (plus
-    /// the reference tokens set so far). Reads the text encoder's headers.
-    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: plans of te and diffusion (placement::plan_modules).
-    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
-    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
-    /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
-    std::vector<placement::ModulePlan> placement_plans() const override;
-    std::map<std::string, uint64_t> placement_peaks() const override;
-
     /// The transformer's configuration (from the headers).
     const Flux2DiTConfig& dit_config() const { return dcfg_; }
     /// True when model_index.json says is_distilled (single files: assumed true).
@@ -189,25 +164,33 @@ public:
     const Flux2LatentStats& latent_stats() const { return stats_; }
 
 private:
-    Flux2Klein() = default;
-    runtime::GraphRunner& vae_runner();
+    Flux2Klein(const ModelFiles& files, const FamilyOptions& opt);
+    /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) a file that holds no
+    /// Qwen3 model, one whose hidden size x 3 differs from the transformer's context width (naming
+    /// the expected encoder), or one with fewer than 27 layers; checked from headers, before any
+    /// weight is read or any graph built. Costs: te = Qwen3 built with 27 layers
+    /// (kKleinTextLayers[2]: hidden_states 9, 18 and 27 are raw layer outputs, the last one the
+    /// state after its last block), 512 tokens with the padding mask; diffusion = the transformer
+    /// for a latent of h x w cells and a 512-token context (plus the reference tokens set so far);
+    /// vae = the AutoencoderKL decoder (or TAEF2) on the unpatchified 2h x 2w VAE latent.
+    void add_modules();
+    /// Error(InvalidInput) for an empty latent.
+    void check_planned_latent(int64_t h, int64_t w) const override;
+    /// The init image sizes and the reference images at the size klein_prepare_reference encodes them.
+    std::vector<std::pair<int64_t, int64_t>> encode_sizes() const override;
     const text::QwenTokenizer& tokenizer() const;
     const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const;
     vae::HostTensor vae_encode_mean(const vae::HostTensor& image, const vae::TilingOptions& tiling, vae::HostTensor* logvar);
     struct PlacedTe;   ///< Qwen3 under FamilyOptions::placement
+    struct DiTWhole;   ///< the transformer loaded whole
     struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
-    ModelFiles files_;
-    FamilyOptions opt_;
-    ggml_type weight_type_ = GGML_TYPE_COUNT;
-
-    std::string dit_path_, vae_path_, te_path_, taesd_path_, tokenizer_json_;
-    std::string dit_flag_, vae_flag_, te_flag_;
+    ModuleSource te_src_;
+    std::string taesd_path_, tokenizer_json_;
     std::string model_desc_;
     bool distilled_ = true;
     std::string distilled_src_;
 
-    std::unique_ptr<io::WeightIndex> dit_idx_, vae_idx_;
     Flux2DiTConfig dcfg_;
     std::optional<vae::KLSource> kl_;
     int vae_factor_ = 8;
@@ -215,34 +198,11 @@ private:
     std::unique_ptr<sampling::ModelSampling> ms_;
     KleinReferences refs_;
 
+    // Module slots (owned by modules_).
     mutable std::unique_ptr<text::QwenTokenizer> own_tokenizer_;
-    std::unique_ptr<runtime::GraphRunner> vae_runner_, dit_runner_;
-    std::unique_ptr<qwen3::Qwen3TextEncoder> te_;
+    ModuleSlot<qwen3::Qwen3TextEncoder, PlacedTe>* te_ = nullptr;
+    ModuleSlot<DiTWhole, PlacedDiT>* dit_ = nullptr;
     std::string te_desc_;
-    std::unique_ptr<Flux2DiTModel> dit_;
-    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
-    std::unique_ptr<io::WeightIndex> taesd_idx_;
-    std::unique_ptr<vae::TinyAutoencoder> taesd_;
-    std::unique_ptr<PlacedTe> placed_te_;
-    std::unique_ptr<PlacedDiT> placed_dit_;
-    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
-    std::map<std::string, uint64_t> te_peaks_done_;
-    /// The VAE decoder under FamilyOptions::placement (the VAE encoder and TAEF2 run whole).
-    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
-    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
-    std::map<std::string, uint64_t> dit_peaks_done_;
-    std::vector<placement::ModulePlan> vae_plans_done_;  ///< the placed decoder's plan, kept after unload
-    std::map<std::string, uint64_t> vae_peaks_done_;
-    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
-    /// plan and measured peaks kept when it is unloaded.
-    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
-    std::vector<placement::ModulePlan> vae_enc_plans_done_;
-    std::map<std::string, uint64_t> vae_enc_peaks_done_;
-    /// Where the AutoencoderKL lies (the VAE file's index), for PlacedVaeDecoder / vae_decoder_costs.
-    placement::VaeDecoderSource vae_source() const;
-    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), in pixels.
-    vae::TilingOptions planned_tiling() const;
-    size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 
 }  // namespace easel::models::flux

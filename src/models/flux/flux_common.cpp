@@ -205,7 +205,7 @@ ggml_tensor* linear_rows(nn::Ctx& c, const nn::Linear& l, ggml_tensor* x, int64_
     if (x->ne[0] != l.in) fail(ErrorKind::InvalidInput, "linear_rows: the layer takes {} input features, got {}", l.in, ne_str(x));
     ggml_tensor* w = l.w->tensor;
     ggml_tensor* wv = ggml_view_2d(c.ctx, w, w->ne[0], n, w->nb[1], size_t(begin) * w->nb[1]);
-    ggml_tensor* y = ggml_mul_mat(c.ctx, wv, x);
+    ggml_tensor* y = nn::weight_matmul(c, *l.w, wv, x, begin);
     if (l.b && l.b->tensor) {
         ggml_tensor* b = l.b->tensor;
         y = ggml_add(c.ctx, y, ggml_view_1d(c.ctx, b, n, size_t(begin) * ggml_element_size(b)));

@@ -1,12 +1,12 @@
 #include "models/sd/stable_diffusion.h"
 
 #include "core/error.h"
-#include "models/model_files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
+#include "models/model_files.h"
+#include "runtime/placed_sequence.h"
 #include "text/prompt_syntax.h"
-#include "placement/taesd.h"
 
 #include <cmath>
 #include <filesystem>
@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 /// context layer of clip skip k (its final-norm output is then the SD context), run as a
 /// PlacedSequence; rebuilt when k changes.
 struct StableDiffusion::PlacedTe {
-    using Placed = placement::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
+    using Placed = runtime::PlacedSequence<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>;
+    std::unique_ptr<io::WeightIndex> own;  ///< the text encoder's index when it is a file of its own
     const io::WeightIndex* index = nullptr;
     clip::ClipKeys keys;
     clip::ClipConfig base;  ///< the file's configuration (all layers)
@@ -29,6 +30,32 @@ struct StableDiffusion::PlacedTe {
     std::unique_ptr<nn::TensorSource> src;
     std::unique_ptr<Placed> placed;
     std::map<std::string, uint64_t> old_peaks;  ///< of models freed when k changed
+
+    std::vector<placement::ModulePlan> plans() const {
+        if (!placed || placed->current_plan().segments.empty()) return {};
+        return {placed->current_plan()};
+    }
+    std::map<std::string, uint64_t> peaks() const {
+        std::map<std::string, uint64_t> p = old_peaks;
+        if (placed) merge_peaks(p, placed->peaks());
+        return p;
+    }
+};
+
+/// The CLIP text encoder on FamilyOptions::te_device.
+struct StableDiffusion::TeWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::unique_ptr<io::WeightIndex> own;  ///< the text encoder's index when it is a file of its own
+    std::unique_ptr<clip::ClipTextModel> net;
+    nn::ParamBuffer params;
+    size_t param_bytes() const { return params.size(); }
+};
+
+/// The UNet on FamilyOptions::diffusion_device.
+struct StableDiffusion::UNetWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    LoadedUNet unet;
+    size_t param_bytes() const { return unet.params.size(); }
 };
 
 namespace {
@@ -48,20 +75,15 @@ std::vector<ggml_tensor*> te_select(clip::ClipOutputs& o) { return {o.last_hidde
 
 }  // namespace
 
+StableDiffusion::StableDiffusion(const ModelFiles& files, const FamilyOptions& opt) : FamilyBase(files, opt) {}
+
 StableDiffusion::~StableDiffusion() = default;
 
 const io::WeightIndex& StableDiffusion::te_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& ccfg) const {
-    if (te_path_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", unet_flag_);
-    const std::string flag = te_flag_.substr(0, te_flag_.find(' '));
-    const io::WeightIndex* ti = nullptr;
-    if (te_path_ == unet_path_) ti = unet_idx_.get();
-    else if (vae_idx_ && te_path_ == vae_path_) ti = vae_idx_.get();
-    else {
-        own = open_index(te_path_, flag);
-        ti = own.get();
-    }
+    if (te_src_.empty()) fail(ErrorKind::ModelMismatch, "no text encoder: {} has none; pass one with --clip_l FILE", dit_src_.named());
+    const io::WeightIndex* ti = &index_for(te_src_, own);
     auto encs = clip::find_clip_text_encoders(*ti);
-    if (encs.empty()) fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE", te_flag_);
+    if (encs.empty()) fail(ErrorKind::ModelMismatch, "{}: no CLIP text encoder found in it; pass one with --clip_l FILE", te_src_.named());
     keys = encs.front();
     clip::ClipOverrides cov;
     if (const nlohmann::json* cj = ti->config()) cov = clip::overrides_from_config_json(*cj);
@@ -73,59 +95,31 @@ const io::WeightIndex& StableDiffusion::te_headers(std::unique_ptr<io::WeightInd
 }
 
 std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, const FamilyOptions& opt) {
-    std::unique_ptr<StableDiffusion> m(new StableDiffusion());
-    m->files_ = files;
-    m->opt_ = opt;
-    m->weight_type_ = parse_weight_type(opt.weight_type);
+    std::unique_ptr<StableDiffusion> m(new StableDiffusion(files, opt));
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder) or --diffusion-model");
     if (!files.t5xxl.empty() || !files.llm.empty() || !files.clip_g.empty())
         fail(ErrorKind::ModelMismatch, "--t5xxl/--llm/--clip_g are not used by SD1.x/SD2.x (their text encoder is --clip_l)");
 
     // Resolve the source of each module (paths only; nothing of the text encoder is read).
-    if (!files.model.empty()) {
-        if (io::is_pipeline_folder(files.model)) {
-            std::string pipeline_class;
-            auto comps = io::list_pipeline_components(files.model, &pipeline_class);
-            for (auto& c : comps) {
-                if (c.name == "unet") m->unet_path_ = c.folder.string();
-                else if (c.name == "vae") m->vae_path_ = c.folder.string();
-                else if (c.name == "text_encoder") {
-                    m->te_path_ = c.folder.string();
-                    m->te_pre_truncated_ = true;
-                }
-                else if (c.name == "scheduler") m->sched_cfg_ = read_json(c.folder / "scheduler_config.json");
-                else if (c.name == "tokenizer") {
-                    // pad_token: special_tokens_map.json, or tokenizer_config.json where transformers 5
-                    // saved no special_tokens_map.json
-                    std::error_code ec;
-                    m->tokenizer_special_ = c.folder / "special_tokens_map.json";
-                    if (!std::filesystem::exists(m->tokenizer_special_, ec)) m->tokenizer_special_ = c.folder / "tokenizer_config.json";
-                }
-            }
-            if (m->unet_path_.empty() && files.diffusion_model.empty())
-                fail(ErrorKind::ModelMismatch, "-m {}: this diffusers pipeline ({}) has no unet folder; SD1.x/SD2.x pipelines have one",
-                     files.model, pipeline_class.empty() ? "unknown class" : pipeline_class);
-            m->model_desc_ = "diffusers folder " + files.model;
-        } else {
-            m->unet_path_ = m->vae_path_ = m->te_path_ = files.model;
-            m->model_desc_ = files.model;
-        }
-        m->unet_flag_ = m->vae_flag_ = m->te_flag_ = "-m " + files.model;
+    static const SourceRule rules[] = {{"unet", &ModelFiles::diffusion_model, "--diffusion-model"},
+                                       {"vae", &ModelFiles::vae, "--vae"},
+                                       {"text_encoder", &ModelFiles::clip_l, "--clip_l"}};
+    ResolvedSources rs = resolve_sources(files, rules);
+    m->te_pre_truncated_ = rs.component("text_encoder") != nullptr;
+    m->sched_cfg_ = rs.scheduler_config;
+    if (const io::PipelineComponent* tok = rs.component("tokenizer")) {
+        // pad_token: special_tokens_map.json, or tokenizer_config.json where transformers 5
+        // saved no special_tokens_map.json
+        std::error_code ec;
+        m->tokenizer_special_ = tok->folder / "special_tokens_map.json";
+        if (!std::filesystem::exists(m->tokenizer_special_, ec)) m->tokenizer_special_ = tok->folder / "tokenizer_config.json";
     }
-    if (!files.diffusion_model.empty()) {
-        m->unet_path_ = files.diffusion_model;
-        m->unet_flag_ = "--diffusion-model " + files.diffusion_model;
-        if (m->model_desc_.empty()) m->model_desc_ = files.diffusion_model;
-    }
-    if (!files.vae.empty()) {
-        m->vae_path_ = files.vae;
-        m->vae_flag_ = "--vae " + files.vae;
-    }
-    if (!files.clip_l.empty()) {
-        m->te_path_ = files.clip_l;
-        m->te_flag_ = "--clip_l " + files.clip_l;
-    }
+    rs.require(0, "SD1.x/SD2.x pipelines");
+    m->dit_src_ = rs.sources[0];
+    m->vae_src_ = rs.sources[1];
+    m->te_src_ = rs.sources[2];
+    m->model_desc_ = rs.model_desc;
     if (!files.taesd.empty()) {
         std::error_code ec;
         if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
@@ -133,29 +127,29 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     }
 
     // UNet configuration from its headers.
-    m->unet_idx_ = open_index(m->unet_path_, m->unet_flag_.substr(0, m->unet_flag_.find(' ')));
+    m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
     try {
-        m->ucfg_ = infer_unet_config(*m->unet_idx_);
+        m->ucfg_ = infer_unet_config(*m->dit_idx_);
     } catch (const Error& e) {
         if (e.kind() == ErrorKind::ModelMismatch)
             fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
-                 m->unet_flag_, e.what());
+                 m->dit_src_.named(), e.what());
         throw;
     }
     if (m->ucfg_.context_dim != 768 && m->ucfg_.context_dim != 1024)
         log::debug("UNet cross-attention width {} (not SD1.x 768 / SD2.x 1024): treating as SD1.x-style", m->ucfg_.context_dim);
 
     // VAE configuration from its headers (latent factor, scaling factor).
-    if (!m->vae_path_.empty()) {
-        if (m->vae_path_ == m->unet_path_ && files.diffusion_model.empty()) {
+    if (!m->vae_src_.path.empty()) {
+        if (m->vae_src_.path == m->dit_src_.path && files.diffusion_model.empty()) {
             // the same single file: no second index
         } else {
-            m->vae_idx_ = open_index(m->vae_path_, m->vae_flag_.substr(0, m->vae_flag_.find(' ')));
+            m->vae_idx_ = open_index(m->vae_src_.path, m->vae_src_.flag);
         }
-        const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->unet_idx_;
+        const io::WeightIndex& vi = m->vae_idx_ ? *m->vae_idx_ : *m->dit_idx_;
         m->kl_ = vae::find_autoencoder_kl(vi);
         if (m->kl_) {
-            check_vae_kind(vi, *m->kl_, 4, m->vae_flag_.empty() ? m->unet_flag_ : m->vae_flag_, "SD1.x/SD2.x",
+            check_vae_kind(vi, *m->kl_, 4, m->vae_src_.named().empty() ? m->dit_src_.named() : m->vae_src_.named(), "SD1.x/SD2.x",
                            "a 4-channel SD VAE (pass the right one with --vae)");
             vae::KLOverrides kov;
             if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
@@ -171,7 +165,7 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
         }
     }
     if (!m->kl_ && m->taesd_path_.empty())
-        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass one with --vae FILE", m->vae_flag_.empty() ? m->unet_flag_ : m->vae_flag_);
+        fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; pass one with --vae FILE", m->vae_src_.named().empty() ? m->dit_src_.named() : m->vae_src_.named());
 
     // Noise process and prediction type: a diffusers folder's scheduler_config.json; in a single
     // file ComfyUI's / Forge's marker tensors (`v_pred`: v-prediction, `ztsnr`: zero terminal
@@ -201,7 +195,7 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
         if (sc.contains("steps_offset") && sc["steps_offset"].is_number_integer())
             m->sched_opt_.steps_offset = sc["steps_offset"].get<int>();
     } else {
-        const io::WeightIndex& ui = *m->unet_idx_;
+        const io::WeightIndex& ui = *m->dit_idx_;
         std::string meta_pred;
         for (const char* k : {"prediction_type", "modelspec.prediction_type"})
             if (auto it = ui.metadata().find(k); it != ui.metadata().end() && it->second.kind == io::MetaValue::Kind::String)
@@ -234,11 +228,12 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     }
     if (zsnr && pred == sampling::Prediction::Eps && !m->pred_pending_)
         log::warn("{}: zero-terminal-SNR schedule ({}) with eps prediction: such models are trained with v-prediction (give --prediction v if the output is noise)",
-                  m->unet_flag_, m->zsnr_src_);
+                  m->dit_src_.named(), m->zsnr_src_);
     m->beta_start_ = beta_start;
     m->beta_end_ = beta_end;
     m->zsnr_ = zsnr;
     m->ms_ = std::make_unique<sampling::ModelSampling>(sampling::ModelSampling::discrete(pred, beta_start, beta_end, 1000, zsnr));
+    m->add_modules();
     return m;
 }
 
@@ -302,200 +297,127 @@ SamplingDefaults StableDiffusion::defaults() const {
     return d;
 }
 
-std::vector<std::string> StableDiffusion::module_files(Module m) const {
-    switch (m) {
-    case Module::Te: return te_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{te_path_};
-    case Module::Diffusion: return {unet_path_};
-    case Module::VaeDecoder:
-        if (!taesd_path_.empty()) return {taesd_path_};
-        return vae_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{vae_path_};
-    case Module::VaeEncoder: return vae_path_.empty() ? std::vector<std::string>{} : std::vector<std::string>{vae_path_};
+void StableDiffusion::te_loaded(const clip::ClipKeys& keys, const clip::ClipConfig& ccfg) {
+    // Pad id: the tokenizer's pad token when a diffusers folder says it, else the layout's.
+    pad_id_ = keys.layout == clip::ClipKeys::Layout::OpenClip ? text::ClipTokenizer::kOpenClipPad : text::ClipTokenizer::kEos;
+    if (!tokenizer_special_.empty() && files_.clip_l.empty()) {
+        if (auto tok = read_json(tokenizer_special_); tok && tok->contains("pad_token")) {
+            auto& p = (*tok)["pad_token"];
+            std::string s = p.is_string() ? p.get<std::string>()
+                                          : (p.is_object() && p.contains("content") ? p["content"].get<std::string>() : "");
+            if (s == "<|endoftext|>") pad_id_ = text::ClipTokenizer::kEos;
+            else if (s == "!") pad_id_ = 0;
+        }
     }
-    return {};
+    te_desc_ = fmt::format("width {} x {} layers", ccfg.width, ccfg.layers);
 }
 
-runtime::GraphRunner& StableDiffusion::runner(Module m) {
-    auto make = [&](std::unique_ptr<runtime::GraphRunner>& r, ggml_backend_dev_t dev) -> runtime::GraphRunner& {
-        if (!r) r = std::make_unique<runtime::GraphRunner>(dev, opt_.threads);
-        return *r;
-    };
-    switch (m) {
-    case Module::Te: return make(te_runner_, opt_.te_device);
-    case Module::Diffusion: return make(unet_runner_, opt_.diffusion_device);
-    default: return make(vae_runner_, opt_.vae_device);
-    }
-}
-
-bool StableDiffusion::loaded(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ != nullptr || placed_te_ != nullptr;
-    case Module::Diffusion: return unet_.net != nullptr || placed_unet_ != nullptr;
-    case Module::VaeDecoder: return vae_dec_ != nullptr || placed_vae_ != nullptr || (taesd_ && taesd_->has_decoder());
-    case Module::VaeEncoder: return vae_enc_ != nullptr || placed_vae_enc_ != nullptr;
-    }
-    return false;
-}
-
-void StableDiffusion::load(Module m) {
-    if (loaded(m)) return;
-    switch (m) {
-    case Module::Te: {
-        std::unique_ptr<io::WeightIndex> own;
+void StableDiffusion::add_modules() {
+    // te: the CLIP text encoder
+    ModuleSlot<TeWhole, PlacedTe>::Hooks th;
+    th.load_whole = [this] {
+        auto t = std::make_unique<TeWhole>();
         clip::ClipKeys keys;
         clip::ClipConfig ccfg;
-        const io::WeightIndex* ti = &te_headers(own, keys, ccfg);
-        if (own) te_idx_ = std::move(own);
-        if (opt_.placement) {  // planned and loaded on the first encoding (the model depends on the clip skip)
-            placed_te_ = std::make_unique<PlacedTe>();
-            placed_te_->index = ti;
-            placed_te_->keys = keys;
-            placed_te_->base = ccfg;
-        } else {
-            auto te = std::make_unique<clip::ClipTextModel>(ccfg);
-            nn::TensorSource src = clip::make_tensor_source(*ti, keys, ccfg);
-            nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, *ti);
-            tlo.weight_type = weight_type_;
-            te_params_ = nn::ParamBuffer::load(*te, src, runner(Module::Te).buffer_type(), tlo);
-            te_ = std::move(te);
-        }
-        // Pad id: the tokenizer's pad token when a diffusers folder says it, else the layout's.
-        pad_id_ = keys.layout == clip::ClipKeys::Layout::OpenClip ? text::ClipTokenizer::kOpenClipPad : text::ClipTokenizer::kEos;
-        if (!tokenizer_special_.empty() && files_.clip_l.empty()) {
-            if (auto tok = read_json(tokenizer_special_); tok && tok->contains("pad_token")) {
-                auto& p = (*tok)["pad_token"];
-                std::string s = p.is_string() ? p.get<std::string>()
-                                              : (p.is_object() && p.contains("content") ? p["content"].get<std::string>() : "");
-                if (s == "<|endoftext|>") pad_id_ = text::ClipTokenizer::kEos;
-                else if (s == "!") pad_id_ = 0;
-            }
-        }
-        te_desc_ = fmt::format("width {} x {} layers", ccfg.width, ccfg.layers);
-        break;
-    }
-    case Module::Diffusion: {
+        const io::WeightIndex& ti = te_headers(t->own, keys, ccfg);
+        t->runner = std::make_unique<runtime::GraphRunner>(opt_.te_device, opt_.threads);
+        t->net = std::make_unique<clip::ClipTextModel>(ccfg);
+        nn::TensorSource src = clip::make_tensor_source(ti, keys, ccfg);
+        nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, ti);
+        tlo.weight_type = weight_type_;
+        t->params = nn::ParamBuffer::load(*t->net, src, t->runner->buffer_type(), tlo);
+        te_loaded(keys, ccfg);
+        return t;
+    };
+    th.load_placed = [this] {  // planned and loaded on the first encoding (the model depends on the clip skip)
+        auto p = std::make_unique<PlacedTe>();
+        p->index = &te_headers(p->own, p->keys, p->base);
+        te_loaded(p->keys, p->base);
+        return p;
+    };
+    th.files = [this]() -> std::vector<std::string> {
+        if (te_src_.empty()) return {};
+        return {te_src_.path};
+    };
+    th.costs = [this](int64_t, int64_t) {
+        std::vector<placement::ModuleCosts> out;
+        if (te_src_.empty()) return out;  // no file has a text encoder
+        // one 77-token window, the default clip skip
+        struct Keep {
+            std::unique_ptr<io::WeightIndex> own;
+            clip::ClipKeys keys;
+            clip::ClipConfig cfg;
+            std::unique_ptr<clip::ClipTextModel> net;
+            std::unique_ptr<nn::TensorSource> src;
+            std::vector<int32_t> ids;
+        };
+        auto k = std::make_shared<Keep>();
+        clip::ClipConfig base;
+        const io::WeightIndex& ti = te_headers(k->own, k->keys, base);
+        const int skip = std::max(defaults().clip_skip, 1);
+        k->cfg = te_config_for_skip(base, skip);
+        k->net = std::make_unique<clip::ClipTextModel>(k->cfg);
+        k->src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, k->keys, k->cfg));
+        const int64_t L = text::ClipTokenizer::kMaxLength;
+        k->ids.assign((size_t)L, 0);
+        nn::LoadOptions tlo = clip::default_load_options(k->keys, k->cfg, ti);
+        tlo.weight_type = weight_type_;
+        Keep* kp = k.get();
+        out.push_back(runtime::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
+            placement::PModule::Te, k, *k->net, *k->net, *k->src, tlo, opt_.threads, opt_.flash_attn_te,
+            [kp, L](runtime::GraphBuilder& g) {
+                clip::ClipInputs in;
+                in.ids = g.input_i32("ids", {L, 1}, kp->ids);
+                return in;
+            },
+            te_select, fmt::format("CLIP text encoder {} of {} layers (clip skip {}), 1 x {} tokens", k->cfg.layers, base.layers, skip, L)));
+        return out;
+    };
+    te_ = &modules_.add<TeWhole, PlacedTe>(Module::Te, std::move(th));
+
+    // diffusion: the UNet
+    ModuleSlot<UNetWhole, PlacedUNet>::Hooks uh;
+    uh.load_whole = [this] {
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        if (opt_.placement) {  // planned and loaded on the first evaluation (the plan needs the shapes)
-            placed_unet_ = std::make_unique<placement::PlacedUNet>(*unet_idx_, ucfg_, lo, *opt_.placement, opt_.threads,
-                                                                   opt_.flash_attn_diffusion);
-            break;
-        }
+        auto u = std::make_unique<UNetWhole>();
+        u->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         try {
-            nn::TensorSource src = make_unet_source(*unet_idx_, ucfg_);
-            LoadedUNet u;
-            u.net = std::make_unique<UNet2DCondition>(ucfg_);
-            u.params = nn::ParamBuffer::load(*u.net, src, runner(Module::Diffusion).buffer_type(), lo);
-            unet_ = std::move(u);
+            nn::TensorSource src = make_unet_source(*dit_idx_, ucfg_);
+            u->unet.net = std::make_unique<UNet2DCondition>(ucfg_);
+            u->unet.params = nn::ParamBuffer::load(*u->unet.net, src, u->runner->buffer_type(), lo);
         } catch (const Error& e) {
             if (e.kind() == ErrorKind::ModelMismatch)
                 fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
-                     unet_flag_, e.what());
+                     dit_src_.named(), e.what());
             throw;
         }
-        break;
-    }
-    case Module::VaeDecoder:
-        if (!taesd_path_.empty()) {
-            taesd_idx_ = open_index(taesd_path_, "--taesd");
-            taesd_ = vae::TinyAutoencoder::load(*taesd_idx_, runner(m).backend());
-            if (!taesd_->has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
-            break;
-        }
-        if (opt_.placement) {  // planned and loaded on the first decode (the plan needs the latent's shape)
-            if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
-            placed_vae_ = std::make_unique<placement::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, opt_.flash_attn_te);
-            break;
-        }
-        [[fallthrough]];
-    case Module::VaeEncoder: {
-        if (!kl_) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
-        if (m == Module::VaeEncoder && opt_.placement) {  // planned and loaded on the first encode (the plan needs the image's shape)
-            placed_vae_enc_ = std::make_unique<placement::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, opt_.flash_attn_te);
-            break;
-        }
-        const io::WeightIndex& vi = vae_idx_ ? *vae_idx_ : *unet_idx_;
-        vae::KLOverrides kov;
-        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
-        auto& slot = m == Module::VaeEncoder ? vae_enc_ : vae_dec_;
-        slot = vae::AutoencoderKLModel::load(vi, *kl_, runner(m).backend(), kov,
-                                             m == Module::VaeEncoder ? vae::KLParts::EncoderOnly : vae::KLParts::DecoderOnly);
-        break;
-    }
-    }
-    log::debug("loaded {} ({:.1f} MiB)", module_name(m), (double)param_bytes(m) / (1024.0 * 1024.0));
-}
+        return u;
+    };
+    uh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
+        nn::LoadOptions lo;
+        lo.weight_type = weight_type_;
+        return std::make_unique<PlacedUNet>(*dit_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
+    };
+    uh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
+    uh.costs = [this](int64_t h, int64_t w) {  // a batch-1 evaluation with a 77-token context
+        nn::LoadOptions lo;
+        lo.weight_type = weight_type_;
+        return std::vector<placement::ModuleCosts>{
+            unet_costs(*dit_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength)};
+    };
+    unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, std::move(uh));
 
-void StableDiffusion::unload(Module m) {
-    switch (m) {
-    case Module::Te:
-        te_params_ = nn::ParamBuffer();
-        te_.reset();
-        if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) {
-            te_plans_done_ = {placed_te_->placed->current_plan()};
-            te_peaks_done_ = placed_te_->old_peaks;
-            for (auto& [d, b] : placed_te_->placed->peaks()) te_peaks_done_[d] = std::max(te_peaks_done_[d], b);
-        }
-        placed_te_.reset();
-        te_idx_.reset();
-        te_runner_.reset();
-        break;
-    case Module::Diffusion:
-        unet_.params = nn::ParamBuffer();
-        unet_.net.reset();
-        if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) {  // the closing memory line names its devices
-            dit_plans_done_ = {placed_unet_->current_plan()};
-            dit_peaks_done_ = placed_unet_->peaks();
-        }
-        placed_unet_.reset();
-        unet_runner_.reset();
-        break;
-    case Module::VaeDecoder:
-        vae_dec_.reset();
-        if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) {
-            vae_plans_done_ = {placed_vae_->current_plan()};
-            vae_peaks_done_ = placed_vae_->peaks();
-        }
-        placed_vae_.reset();
-        taesd_.reset();
-        taesd_idx_.reset();
-        if (!vae_enc_) vae_runner_.reset();
-        break;
-    case Module::VaeEncoder:
-        vae_enc_.reset();
-        if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) {
-            vae_enc_plans_done_ = {placed_vae_enc_->current_plan()};
-            vae_enc_peaks_done_ = placed_vae_enc_->peaks();
-        }
-        placed_vae_enc_.reset();
-        if (!vae_dec_ && !taesd_ && !placed_vae_) vae_runner_.reset();
-        break;
-    }
-}
-
-size_t StableDiffusion::param_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_ ? te_params_.size() : 0;
-    case Module::Diffusion: return unet_.net ? unet_.params.size() : 0;
-    case Module::VaeDecoder:
-        if (vae_dec_) return bound_bytes(vae_dec_->module());
-        if (placed_vae_) return placed_vae_->param_bytes();
-        return 0;
-    case Module::VaeEncoder:
-        if (vae_enc_) return bound_bytes(vae_enc_->module());
-        if (placed_vae_enc_) return placed_vae_enc_->param_bytes();
-        return 0;
-    }
-    return 0;
-}
-
-size_t StableDiffusion::compute_bytes(Module m) const {
-    switch (m) {
-    case Module::Te: return te_compute_;
-    case Module::Diffusion: return unet_compute_;
-    case Module::VaeDecoder: return vae_dec_compute_;
-    case Module::VaeEncoder: return vae_enc_compute_;
-    }
-    return 0;
+    // vae: the AutoencoderKL (the VAE flash attention follows --fa), or TAESD for decoding
+    VaeSetup v;
+    v.kl = kl_;
+    v.flash_attn = opt_.flash_attn_te;
+    v.tile_factor = spatial_factor_;
+    v.taesd_path = taesd_path_;
+    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
+        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
+    };
+    add_vae(std::move(v));
 }
 
 Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {
@@ -508,7 +430,8 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
     const int64_t n = (int64_t)chunks.ids.size();
     std::vector<int32_t> ids;
     for (auto& c : chunks.ids) ids.insert(ids.end(), c.begin(), c.end());
-    const clip::ClipConfig& cfg = placed_te_ ? placed_te_->base : te_->config();
+    PlacedTe* placed = te_->placed();
+    const clip::ClipConfig& cfg = placed ? placed->base : te_->whole()->net->config();
     for (int32_t id : ids)
         if (id < 0 || id >= cfg.vocab)
             fail(ErrorKind::ModelMismatch, "token id {} is outside the text encoder's vocabulary of {} (not a CLIP text encoder?)", id,
@@ -516,8 +439,8 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
     if (L > cfg.positions) fail(ErrorKind::ModelMismatch, "the text encoder has {} positions; CLIP needs 77", cfg.positions);
 
     std::vector<runtime::HostTensor> out;
-    if (placed_te_) {
-        PlacedTe& pt = *placed_te_;
+    if (placed) {
+        PlacedTe& pt = *placed;
         const int k = std::max(clip_skip, 1);
         if (pt.k != k) {
             if (pt.placed)
@@ -544,16 +467,17 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
         clip::ClipEncodeOptions eo;
         eo.clip_skip = clip_skip;
         eo.final_norm_on_skip = true;
-        auto& run = runner(Module::Te);
+        TeWhole& te = *te_->whole();
+        auto& run = *te.runner;
         run.set_threads(opt_.threads);
         out = run.run([&](runtime::GraphBuilder& g) {
             nn::Ctx c{g.ctx(), opt_.flash_attn_te};
             clip::ClipInputs in;
             in.ids = g.input_i32("ids", {L, n}, ids);
-            auto enc = te_->encode(c, in, eo);
+            auto enc = te.net->encode(c, in, eo);
             return std::vector<ggml_tensor*>{enc.context};
         });
-        te_compute_ = std::max(te_compute_, run.last_compute_bytes());
+        te_->note_compute(run.last_compute_bytes());
     }
     Conditioning r;
     r.dim = out[0].ne[0];
@@ -597,11 +521,12 @@ void StableDiffusion::diffusion(std::span<const float> x, std::span<const float>
         xs = x_in;
     }
     const float t = (float)timestep;
-    if (placed_unet_) {
-        placed_unet_->run(xs, 1, h, w, std::span<const float>(&t, 1), cond.context, cond.tokens, out);
+    if (PlacedUNet* pu = unet_->placed()) {
+        pu->run(xs, 1, h, w, std::span<const float>(&t, 1), cond.context, cond.tokens, out);
         return;
     }
-    auto& run = runner(Module::Diffusion);
+    UNetWhole& un = *unet_->whole();
+    auto& run = *un.runner;
     run.set_threads(opt_.threads);
     auto res = run.run([&](runtime::GraphBuilder& g) {
         nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion};
@@ -609,155 +534,21 @@ void StableDiffusion::diffusion(std::span<const float> x, std::span<const float>
         in.sample = g.input_f32("sample", {w, h, cfg.in_channels, 1}, xs);
         in.timestep = g.input_f32("timestep", {1}, std::span<const float>(&t, 1));
         in.context = g.input_f32("context", {cond.dim, cond.tokens, 1}, cond.context);
-        return std::vector<ggml_tensor*>{unet_.net->forward(c, in)};
+        return std::vector<ggml_tensor*>{un.unet.net->forward(c, in)};
     });
-    unet_compute_ = std::max(unet_compute_, run.last_compute_bytes());
+    unet_->note_compute(run.last_compute_bytes());
     std::copy(res[0].data.begin(), res[0].data.end(), out.begin());
 }
 
 vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != 4) fail(ErrorKind::InvalidInput, "latent has {} channels; SD1.x/SD2.x latents have 4", latent.c);
     load(Module::VaeDecoder);
-    vae::ExecOptions ex;
-    ex.flash_attn = opt_.flash_attn_te;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_dec_compute_;  // the stage line's compute figure
-    if (taesd_) {
-        if (!opt_.placement) return taesd_->decode(latent, ex);
-        // under placement flags: TAESD runs whole on the vae entry's first device; its plan (the
-        // vae row) and measured peak (parameter buffer + compute buffer) join the plans printed
-        const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-        const placement::PlacementSpec ts = placement::taesd_spec(*opt_.placement);
-        placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
-                                                            placement::taesd_decoder_costs(*taesd_idx_, latent.h, latent.w), budgets);
-        size_t compute = 0;
-        ex.compute_bytes = &compute;
-        vae::HostTensor img = taesd_->decode(latent, ex);
-        vae_dec_compute_ = std::max(vae_dec_compute_, compute);
-        const std::string dev = ts[placement::PModule::Vae].devices.front();
-        vae_plans_done_ = {std::move(plan)};
-        vae_peaks_done_[dev] = std::max<uint64_t>(vae_peaks_done_[dev], placement::taesd_measured_peak(taesd_->decoder_param_bytes(), compute));
-        return img;
-    }
+    if (decodes_with_taesd()) return decode_taesd(latent);  // TAESD decodes the scaled latent
     vae::HostTensor z = latent;
     for (auto& v : z.data) v /= scaling_factor_;
-    if (placed_vae_) return placed_vae_->decode(z, tiling);
-    return vae_dec_->decode(z, tiling, ex);
+    return decode_kl(z, tiling);
 }
 
-vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
-    load(Module::VaeEncoder);
-    vae::ExecOptions ex;
-    ex.flash_attn = opt_.flash_attn_te;
-    ex.n_threads = opt_.threads;
-    ex.compute_bytes = &vae_enc_compute_;  // the stage line's compute figure
-    if (placed_vae_enc_) return placed_vae_enc_->encode(image, tiling);
-    return vae_enc_->encode(image, tiling, ex);
-}
-
-std::vector<placement::ModuleCosts> StableDiffusion::placement_costs(int64_t h, int64_t w) {
-    std::vector<placement::ModuleCosts> out;
-    if (!te_path_.empty() && !costs_skip_te()) {  // te: one 77-token window, the default clip skip (none when no file has one)
-        struct Keep {
-            std::unique_ptr<io::WeightIndex> own;
-            clip::ClipKeys keys;
-            clip::ClipConfig cfg;
-            std::unique_ptr<clip::ClipTextModel> net;
-            std::unique_ptr<nn::TensorSource> src;
-            std::vector<int32_t> ids;
-        };
-        auto k = std::make_shared<Keep>();
-        clip::ClipConfig base;
-        const io::WeightIndex& ti = te_headers(k->own, k->keys, base);
-        const int skip = std::max(defaults().clip_skip, 1);
-        k->cfg = te_config_for_skip(base, skip);
-        k->net = std::make_unique<clip::ClipTextModel>(k->cfg);
-        k->src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, k->keys, k->cfg));
-        const int64_t L = text::ClipTokenizer::kMaxLength;
-        k->ids.assign((size_t)L, 0);
-        nn::LoadOptions tlo = clip::default_load_options(k->keys, k->cfg, ti);
-        tlo.weight_type = weight_type_;
-        Keep* kp = k.get();
-        out.push_back(placement::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
-            placement::PModule::Te, k, *k->net, *k->net, *k->src, tlo, opt_.threads, opt_.flash_attn_te,
-            [kp, L](runtime::GraphBuilder& g) {
-                clip::ClipInputs in;
-                in.ids = g.input_i32("ids", {L, 1}, kp->ids);
-                return in;
-            },
-            te_select, fmt::format("CLIP text encoder {} of {} layers (clip skip {}), 1 x {} tokens", k->cfg.layers, base.layers, skip, L)));
-    }
-    nn::LoadOptions lo;
-    lo.weight_type = weight_type_;
-    out.push_back(placement::unet_costs(*unet_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength));
-    // vae: the AutoencoderKL decoder (the VAE flash attention follows --fa, as decode() runs it)
-    if (kl_ && kl_->has_decoder && taesd_path_.empty())
-        out.push_back(placement::vae_decoder_costs(vae_source(), opt_.threads, opt_.flash_attn_te, h, w, planned_tiling()));
-    if (!taesd_path_.empty()) {  // --taesd: the TAESD decoder is the vae module (run whole, untiled)
-        auto ti = open_index(taesd_path_, "--taesd");
-        out.push_back(placement::taesd_decoder_costs(*ti, h, w));
-    }
-    return out;
-}
-
-placement::VaeDecoderSource StableDiffusion::vae_source() const {
-    placement::VaeDecoderSource s;
-    s.index = vae_idx_ ? vae_idx_.get() : unet_idx_.get();
-    s.src = *kl_;
-    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
-    return s;
-}
-
-vae::TilingOptions StableDiffusion::planned_tiling() const { return placement::planned_tiling(opt_.vae_tile, spatial_factor_); }
-
-std::optional<placement::ModuleCosts> StableDiffusion::encode_costs(int tile) {
-    if (!(kl_ && kl_->has_encoder && !opt_.vae_encode_sizes.empty())) return std::nullopt;
-    const auto sizes = placement::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
-    return placement::encode_stage_costs(vae_source(), opt_.threads, opt_.flash_attn_te, sizes, placement::planned_tiling(tile, spatial_factor_));
-}
-
-std::vector<placement::ModulePlan> StableDiffusion::plan_placement(int64_t h, int64_t w) {
-    if (!opt_.placement) return {};
-    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
-    std::optional<std::string> taesd_warning;
-    const placement::PlacementSpec spec = taesd_path_.empty() ? *opt_.placement : placement::taesd_spec(*opt_.placement, &taesd_warning);
-    if (taesd_warning) log::warn("{}", *taesd_warning);
-    auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
-    // the encode stage (img2img / in-painting): the VAE encoder under the vae entry
-    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(placement::plan_encode_stage(*ec, *opt_.placement, budgets));
-    return plans;
-}
-
-std::vector<placement::ModulePlan> StableDiffusion::placement_plans() const {
-    std::vector<placement::ModulePlan> r;
-    if (placed_te_ && placed_te_->placed && !placed_te_->placed->current_plan().segments.empty()) r.push_back(placed_te_->placed->current_plan());
-    else r.insert(r.end(), te_plans_done_.begin(), te_plans_done_.end());
-    if (placed_unet_ && !placed_unet_->current_plan().segments.empty()) r.push_back(placed_unet_->current_plan());
-    else r.insert(r.end(), dit_plans_done_.begin(), dit_plans_done_.end());
-    if (placed_vae_ && !placed_vae_->current_plan().segments.empty()) r.push_back(placed_vae_->current_plan());
-    else r.insert(r.end(), vae_plans_done_.begin(), vae_plans_done_.end());
-    if (placed_vae_enc_ && !placed_vae_enc_->current_plan().segments.empty()) r.push_back(placed_vae_enc_->current_plan());
-    else r.insert(r.end(), vae_enc_plans_done_.begin(), vae_enc_plans_done_.end());
-    return r;
-}
-
-std::map<std::string, uint64_t> StableDiffusion::placement_peaks() const {
-    std::map<std::string, uint64_t> p;
-    auto merge = [&](const std::map<std::string, uint64_t>& m) {
-        for (auto& [d, b] : m) p[d] = std::max(p[d], b);
-    };
-    merge(te_peaks_done_);
-    if (placed_te_) {
-        merge(placed_te_->old_peaks);
-        if (placed_te_->placed) merge(placed_te_->placed->peaks());
-    }
-    merge(dit_peaks_done_);
-    if (placed_unet_) merge(placed_unet_->peaks());
-    merge(vae_peaks_done_);
-    if (placed_vae_) merge(placed_vae_->peaks());
-    merge(vae_enc_peaks_done_);
-    if (placed_vae_enc_) merge(placed_vae_enc_->peaks());
-    return p;
-}
+vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }
 
 }  // namespace easel::models::sd

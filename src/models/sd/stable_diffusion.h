@@ -21,14 +21,10 @@
 
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
-#include "models/family.h"
+#include "models/family_base.h"
 #include "models/sd/unet.h"
 #include "models/vae/autoencoder_kl.h"
-#include "models/vae/taesd.h"
-#include "placement/sd_unet.h"
-#include "placement/vae_decoder.h"
-#include "placement/vae_encoder.h"
-#include "runtime/graph_runner.h"
+#include "models/sd/placed_unet.h"
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
 
@@ -43,7 +39,7 @@
 namespace easel::models::sd {
 
 /// An SD1.x/SD2.x model bound to the user's files; modules load on demand.
-class StableDiffusion final : public Family {
+class StableDiffusion final : public FamilyBase {
 public:
     /// Resolves every module's source and reads the UNet's and the VAE's headers (no weights,
     /// and nothing of the text encoder). Throws Error(ModelMismatch) when a file is not of this
@@ -71,10 +67,6 @@ public:
     sampling::ScheduleOptions schedule_options() const override { return sched_opt_; }
     SamplingDefaults defaults() const override;
     int64_t diffusion_in_channels() const override { return ucfg_.in_channels; }
-    std::vector<std::string> module_files(Module m) const override;
-    void load(Module m) override;
-    void unload(Module m) override;
-    bool loaded(Module m) const override;
     /// Conditioning: context [77k, D], token_ids [77k] (the ids the encoder saw, padded) and
     /// token_weights [77k] (A1111 emphasis, all 1 without emphasis); no pooled vector or mask.
     Conditioning encode_prompt(const std::string& prompt, int clip_skip) override;
@@ -82,52 +74,37 @@ public:
                    const Conditioning& cond, std::span<float> out) override;
     vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) override;
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
-    size_t param_bytes(Module m) const override;
-    size_t compute_bytes(Module m) const override;
-    /// te: the CLIP text encoder for one 77-token window, built to the default clip skip (the
-    /// layers after the context layer are not part of it); diffusion: the UNet for a batch-1
-    /// evaluation with a 77-token context; vae: the AutoencoderKL decoder for a batch-1 latent of
-    /// h x w cells (one tile when FamilyOptions::vae_tile tiles it; none with --taesd). Reads the
-    /// text encoder's headers.
-    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: the plans of the text encoder, the UNet and the VAE decoder
-    /// (placement::plan_modules over placement_costs()).
-    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
-    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
-    std::vector<placement::ModulePlan> placement_plans() const override;
-    std::map<std::string, uint64_t> placement_peaks() const override;
 
     /// SD2.x: the OpenCLIP-H context width 1024, or (any width) a UNet whose transformers use
     /// Linear projections, which ldm's SD2.x configs set (use_linear_in_transformer) and SD1.x's
     /// do not; so SD2-style models of other sizes get SD2's defaults (clip skip, prediction test).
     bool is_sd2() const { return ucfg_.context_dim == 1024 || uses_linear_projection(ucfg_); }
     bool is_inpaint() const { return ucfg_.in_channels == 9; }
-    bool uses_taesd() const { return !taesd_path_.empty(); }
+    bool uses_taesd() const { return decodes_with_taesd(); }
 
 private:
-    StableDiffusion() = default;
+    StableDiffusion(const ModelFiles& files, const FamilyOptions& opt);
 
-    runtime::GraphRunner& runner(Module m);
+    /// Registers the module slots (te: the CLIP text encoder for one 77-token window at the
+    /// default clip skip when costed; diffusion: the UNet for a batch-1 evaluation with a
+    /// 77-token context; the VAE with its decoder costed at the job's latent, or TAESD).
+    void add_modules();
     void detect_prediction();
     /// The text encoder's headers: its weight index (`own` holds it when it is a file of its
     /// own), the CLIP keys and configuration (config.json overrides applied; its width checked
     /// against the UNet's). Throws Error(ModelMismatch) naming the flag and the fix.
     const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, clip::ClipKeys& keys, clip::ClipConfig& cfg) const;
+    /// Sets the pad id and the description of the text encoder just loaded (keys, cfg).
+    void te_loaded(const clip::ClipKeys& keys, const clip::ClipConfig& cfg);
+    struct TeWhole;    ///< the CLIP text encoder loaded whole
     /// The CLIP text encoder truncated to clip skip k (context = its last_hidden_state) under
     /// the placement spec; rebuilt when k changes.
     struct PlacedTe;
-    /// Where the AutoencoderKL decoder lies (index, source, config.json overrides), for placement.
-    placement::VaeDecoderSource vae_source() const;
-    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), for planning.
-    vae::TilingOptions planned_tiling() const;
+    struct UNetWhole;  ///< the UNet loaded whole
 
-    ModelFiles files_;
-    FamilyOptions opt_;
-    ggml_type weight_type_ = GGML_TYPE_COUNT;
-
-    // Sources (resolved at open). Paths of files/folders; empty = absent.
-    std::string unet_path_, vae_path_, te_path_, taesd_path_;
-    std::string unet_flag_, vae_flag_, te_flag_;  ///< "-m X" / "--vae X" ... for messages
+    // Sources (resolved at open).
+    ModuleSource te_src_;
+    std::string taesd_path_;
     std::optional<nlohmann::json> sched_cfg_;
     std::filesystem::path tokenizer_special_;  ///< special_tokens_map.json of a diffusers folder
     std::string model_desc_;
@@ -136,7 +113,6 @@ private:
     bool te_pre_truncated_ = false;
 
     // Header-level facts.
-    std::unique_ptr<io::WeightIndex> unet_idx_, vae_idx_, te_idx_;  // te_idx_ only while Te loaded
     UNetConfig ucfg_;
     std::optional<vae::KLSource> kl_;
     int spatial_factor_ = 8;
@@ -149,35 +125,11 @@ private:
     std::string zsnr_src_;         ///< where zsnr_ came from (for describe())
     sampling::ScheduleOptions sched_opt_;
 
-    // Loaded modules.
-    std::unique_ptr<runtime::GraphRunner> te_runner_, unet_runner_, vae_runner_;
-    std::unique_ptr<clip::ClipTextModel> te_;
-    nn::ParamBuffer te_params_;
+    // Module slots (owned by modules_) and what loading the text encoder found.
+    ModuleSlot<TeWhole, PlacedTe>* te_ = nullptr;
+    ModuleSlot<UNetWhole, PlacedUNet>* unet_ = nullptr;
     int32_t pad_id_ = text::ClipTokenizer::kEos;
     std::string te_desc_;
-    LoadedUNet unet_;
-    std::unique_ptr<placement::PlacedUNet> placed_unet_;  ///< the UNet under FamilyOptions::placement
-    std::unique_ptr<PlacedTe> placed_te_;                 ///< the text encoder under FamilyOptions::placement
-    /// The placed text encoder's plan and measured peaks, kept when it is unloaded (the pipeline
-    /// frees it before denoising and prints every plan's peaks after).
-    std::vector<placement::ModulePlan> te_plans_done_;
-    std::map<std::string, uint64_t> te_peaks_done_;
-    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
-    /// The VAE decoder under FamilyOptions::placement (not with --taesd), and its plan and
-    /// measured peaks kept when it is unloaded (the pipeline prints them after decoding).
-    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
-    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
-    std::map<std::string, uint64_t> dit_peaks_done_;
-    std::vector<placement::ModulePlan> vae_plans_done_;
-    std::map<std::string, uint64_t> vae_peaks_done_;
-    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
-    /// plan and measured peaks kept when it is unloaded.
-    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
-    std::vector<placement::ModulePlan> vae_enc_plans_done_;
-    std::map<std::string, uint64_t> vae_enc_peaks_done_;
-    std::unique_ptr<io::WeightIndex> taesd_idx_;
-    std::unique_ptr<vae::TinyAutoencoder> taesd_;
-    size_t te_compute_ = 0, unet_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 
 }  // namespace easel::models::sd

@@ -104,7 +104,7 @@ TokenProjection::TokenProjection(int64_t in_, int64_t out_, bool linear) : in(in
 ggml_tensor* TokenProjection::forward(nn::Ctx& c, ggml_tensor* x) const {
     ggml_tensor* wt = w->tensor;
     if (ggml_n_dims(wt) > 2) wt = ggml_reshape_2d(c.ctx, wt, in, out);  // [out, in, 1, 1] -> {in, out}
-    ggml_tensor* y = ggml_mul_mat(c.ctx, wt, x);
+    ggml_tensor* y = nn::weight_matmul(c, *w, wt, x);
     return ggml_add(c.ctx, y, b->tensor);
 }
 

@@ -32,13 +32,10 @@
 #pragma once
 
 #include "io/weight_index.h"
-#include "models/family.h"
+#include "models/family_base.h"
 #include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/zimage/z_image_dit.h"
-#include "placement/vae_decoder.h"
-#include "placement/vae_encoder.h"
-#include "runtime/graph_runner.h"
 #include "sampling/schedule.h"
 
 #include <nlohmann/json.hpp>
@@ -65,7 +62,7 @@ inline constexpr double kDefaultFlowShift = 3.0;
 bool is_zimage(const io::WeightIndex& index);
 
 /// A Z-Image model bound to the user's files; modules load on demand.
-class ZImage final : public Family {
+class ZImage final : public FamilyBase {
 public:
     /// Resolves every module's source and reads the transformer's and the VAE's headers (no
     /// weights; nothing of the text encoder). Throws Error(ModelMismatch) when the diffusion
@@ -90,12 +87,6 @@ public:
     SamplingDefaults defaults() const override;
     /// flow_pipeline_sigmas = true: ZImagePipeline's sigmas linspace(1, 1/n, n), then shifted.
     sampling::ScheduleOptions schedule_options() const override;
-    std::vector<std::string> module_files(Module m) const override;
-    /// Te: Error(ModelMismatch) when the file holds no Qwen3 model or its hidden size differs
-    /// from the transformer's cap_feat_dim (checked from headers, before any weight is loaded).
-    void load(Module m) override;
-    void unload(Module m) override;
-    bool loaded(Module m) const override;
     /// Conditioning: context [L, hidden] = hidden_states[-2] of the L real tokens of the
     /// templated prompt (L <= 512), token_ids [L]; no pooled vector, no mask, no weights.
     /// clip_skip is ignored (not applicable).
@@ -111,21 +102,6 @@ public:
     vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) override;
     /// image [1, 3, H, W] in [-1, 1] -> raw posterior (before shift/scaling).
     vae::LatentDist encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) override;
-    size_t param_bytes(Module m) const override;
-    size_t compute_bytes(Module m) const override;
-    /// te: Qwen3 built with layers - 1 layers (the context is hidden_states[-2], the raw output
-    /// of layer layers - 2), 512 tokens (kMaxPromptTokens); diffusion: the transformer for a
-    /// latent of h x w cells and a 512-token caption; vae: the AutoencoderKL decoder for a
-    /// latent of h x w cells (one tile when FamilyOptions::vae_tile tiles it). Reads the text
-    /// encoder's headers.
-    std::vector<placement::ModuleCosts> placement_costs(int64_t h, int64_t w) override;
-    /// With FamilyOptions::placement: plans of te, diffusion and vae (placement::plan_modules).
-    std::optional<placement::ModuleCosts> encode_costs(int tile) override;
-    std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) override;
-    /// Plans in use (te's kept after it is unloaded) and measured peaks per device.
-    std::vector<placement::ModulePlan> placement_plans() const override;
-    std::map<std::string, uint64_t> placement_peaks() const override;
-
     /// The transformer's configuration (from the headers).
     const ZImageDiTConfig& dit_config() const { return dcfg_; }
     /// The token ids encode_prompt() feeds the text encoder for `prompt`: the chat template,
@@ -133,61 +109,41 @@ public:
     std::vector<int32_t> prompt_ids(const std::string& prompt) const;
 
 private:
-    ZImage() = default;
-    runtime::GraphRunner& runner(Module m);
+    ZImage(const ModelFiles& files, const FamilyOptions& opt);
+    /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) a file that holds no
+    /// Qwen3 model or one whose hidden size differs from the transformer's cap_feat_dim (checked
+    /// from headers, before any weight is loaded). Costs: te = Qwen3 built with layers - 1
+    /// layers (the context is hidden_states[-2], the raw output of layer layers - 2) at 512
+    /// tokens (kMaxPromptTokens); diffusion = the transformer for a latent of h x w cells and a
+    /// 512-token caption; vae = the AutoencoderKL decoder for a latent of h x w cells (one tile
+    /// when FamilyOptions::vae_tile tiles it).
+    void add_modules();
     const text::QwenTokenizer& tokenizer() const;
     /// The text encoder's headers: its index (`own` holds it when it is a file of its own), keys
     /// and configuration, checked (a Qwen3 model of the transformer's width with >= 2 layers).
     /// Throws Error(ModelMismatch) naming the flag and the fix.
     const io::WeightIndex& te_headers(std::unique_ptr<io::WeightIndex>& own, qwen3::Qwen3Keys& keys, qwen3::Qwen3Config& cfg) const;
-    /// Where the AutoencoderKL decoder lies (index, source, config.json overrides), for placement.
-    placement::VaeDecoderSource vae_source() const;
-    /// The tiling the pipeline's decode will use (FamilyOptions::vae_tile), for planning.
-    vae::TilingOptions planned_tiling() const;
     struct PlacedTe;   ///< Qwen3 under FamilyOptions::placement
     struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
-    ModelFiles files_;
-    FamilyOptions opt_;
-    ggml_type weight_type_ = GGML_TYPE_COUNT;
-
-    // Sources (resolved at open): paths of files/folders; flags for messages ("--llm X").
-    std::string dit_path_, vae_path_, te_path_, tokenizer_json_;
-    std::string dit_flag_, vae_flag_, te_flag_;
+    // Sources (resolved at open).
+    ModuleSource te_src_;
+    std::string tokenizer_json_;
     std::string model_desc_;
     std::string shift_src_;
 
     // Header-level facts.
-    std::unique_ptr<io::WeightIndex> dit_idx_, vae_idx_;
     ZImageDiTConfig dcfg_;
     std::optional<vae::KLSource> kl_;
     int spatial_factor_ = 8;
     float scaling_factor_ = 0.3611f, shift_factor_ = 0.1159f;
     std::unique_ptr<sampling::ModelSampling> ms_;
 
-    // Loaded modules.
+    // Module slots (owned by modules_).
     mutable std::unique_ptr<text::QwenTokenizer> own_tokenizer_;
-    std::unique_ptr<runtime::GraphRunner> vae_runner_;
-    std::unique_ptr<qwen3::Qwen3TextEncoder> te_;
+    ModuleSlot<qwen3::Qwen3TextEncoder, PlacedTe>* te_ = nullptr;
+    ModuleSlot<LoadedZImageDiT, PlacedDiT>* dit_ = nullptr;
     std::string te_desc_;
-    std::unique_ptr<LoadedZImageDiT> dit_;
-    std::unique_ptr<vae::AutoencoderKLModel> vae_dec_, vae_enc_;
-    std::unique_ptr<PlacedTe> placed_te_;
-    std::unique_ptr<PlacedDiT> placed_dit_;
-    /// The VAE decoder under FamilyOptions::placement; its plan and peaks kept after unload.
-    std::unique_ptr<placement::PlacedVaeDecoder> placed_vae_;
-    std::vector<placement::ModulePlan> dit_plans_done_;  ///< the placed diffusion model's plan, kept after unload
-    std::map<std::string, uint64_t> dit_peaks_done_;
-    std::vector<placement::ModulePlan> vae_plans_done_;
-    std::map<std::string, uint64_t> vae_peaks_done_;
-    /// The VAE encoder under FamilyOptions::placement (the vae entry, stage vae-encode), and its
-    /// plan and measured peaks kept when it is unloaded.
-    std::unique_ptr<placement::PlacedVaeEncoder> placed_vae_enc_;
-    std::vector<placement::ModulePlan> vae_enc_plans_done_;
-    std::map<std::string, uint64_t> vae_enc_peaks_done_;
-    std::vector<placement::ModulePlan> te_plans_done_;  ///< the placed te's plan, kept after unload
-    std::map<std::string, uint64_t> te_peaks_done_;
-    size_t te_compute_ = 0, dit_compute_ = 0, vae_dec_compute_ = 0, vae_enc_compute_ = 0;
 };
 
 }  // namespace easel::models::zimage

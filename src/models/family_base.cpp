@@ -1,0 +1,219 @@
+#include "models/family_base.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "models/model_files.h"
+#include "models/vae/placed_taesd.h"
+#include "placement/devices.h"
+
+namespace easel::models {
+
+/// The KL decoder or a TAESD decoder on FamilyOptions::vae_device.
+struct FamilyBase::DecoderWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::unique_ptr<vae::AutoencoderKLModel> kl;
+    std::unique_ptr<io::WeightIndex> taesd_index;
+    std::unique_ptr<vae::TinyAutoencoder> taesd;
+    size_t param_bytes() const {
+        if (kl) return bound_bytes(kl->module());
+        size_t b = 0;
+        if (taesd && taesd->decoder()) b += bound_bytes(*taesd->decoder());
+        if (taesd && taesd->encoder()) b += bound_bytes(*taesd->encoder());
+        return b;
+    }
+};
+
+/// The KL encoder on FamilyOptions::vae_device.
+struct FamilyBase::EncoderWhole {
+    std::unique_ptr<runtime::GraphRunner> runner;
+    std::unique_ptr<vae::AutoencoderKLModel> kl;
+    size_t param_bytes() const { return bound_bytes(kl->module()); }
+};
+
+FamilyBase::FamilyBase(const ModelFiles& files, const FamilyOptions& opt) : files_(files), opt_(opt) {
+    weight_type_ = parse_weight_type(opt.weight_type);
+}
+
+FamilyBase::~FamilyBase() = default;
+
+const io::WeightIndex& FamilyBase::index_for(const ModuleSource& s, std::unique_ptr<io::WeightIndex>& own) const {
+    if (dit_idx_ && s.path == dit_src_.path) return *dit_idx_;
+    if (vae_idx_ && s.path == vae_src_.path) return *vae_idx_;
+    own = open_index(s.path, s.flag);
+    return *own;
+}
+
+vae::VaeDecoderSource FamilyBase::vae_source() const {
+    vae::VaeDecoderSource s;
+    s.index = &vae_index();
+    s.src = *vae_.kl;
+    if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    return s;
+}
+
+FamilyBase::VaeHeaders FamilyBase::read_vae_headers(const VaeExpect& e) {
+    if (vae_src_.empty()) fail(ErrorKind::ModelMismatch, "{}: no VAE given; {}", dit_src_.named(), e.no_vae);
+    if (vae_src_.path != dit_src_.path) vae_idx_ = open_index(vae_src_.path, vae_src_.flag);
+    const io::WeightIndex& vi = vae_index();
+    auto kl = vae::find_autoencoder_kl(vi);
+    if (!kl) fail(ErrorKind::ModelMismatch, "{}: no AutoencoderKL (VAE) found in it; {}", vae_src_.named(), e.no_kl);
+    check_vae_kind(vi, *kl, e.latent_channels, vae_src_.named(), e.family, e.needed);
+    VaeHeaders h;
+    h.kl = *kl;
+    vae::KLOverrides kov;
+    if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+    h.cfg = vae::infer_autoencoder_kl_config(vi, h.kl, kov);
+    if (h.cfg.latent_channels != e.latent_channels)
+        fail(ErrorKind::ModelMismatch, "{}: the VAE has {} latent channels; {}", vae_src_.named(), h.cfg.latent_channels, e.wrong_channels);
+    if (const nlohmann::json* vc = vi.config()) {
+        if (vc->contains("scaling_factor") && (*vc)["scaling_factor"].is_number()) h.scaling = (*vc)["scaling_factor"].get<float>();
+        if (vc->contains("shift_factor") && (*vc)["shift_factor"].is_number()) h.shift = (*vc)["shift_factor"].get<float>();
+    }
+    return h;
+}
+
+std::vector<std::pair<int64_t, int64_t>> FamilyBase::encode_sizes() const {
+    return vae::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
+}
+
+void FamilyBase::add_vae(VaeSetup setup) {
+    vae_ = std::move(setup);
+    const auto no_vae = [this] {
+        if (!vae_.kl) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
+    };
+    // the KL decoder or encoder whole: its own runner on the vae device, F32 weights
+    const auto load_kl = [this](runtime::GraphRunner& runner, vae::KLParts parts) {
+        const io::WeightIndex& vi = vae_index();
+        vae::KLOverrides kov;
+        if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+        return vae::AutoencoderKLModel::load(vi, *vae_.kl, runner.backend(), kov, parts);
+    };
+
+    ModuleSlot<DecoderWhole, vae::PlacedVaeDecoder>::Hooks dh;
+    dh.load_whole = [this, no_vae, load_kl] {
+        auto d = std::make_unique<DecoderWhole>();
+        d->runner = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
+        if (decodes_with_taesd()) {
+            d->taesd_index = open_index(vae_.taesd_path, "--taesd");
+            d->taesd = vae::TinyAutoencoder::load(*d->taesd_index, d->runner->backend());
+            if (vae_.check_taesd) vae_.check_taesd(*d->taesd);
+            return d;
+        }
+        no_vae();
+        d->kl = load_kl(*d->runner, vae::KLParts::DecoderOnly);
+        return d;
+    };
+    dh.load_placed = [this, no_vae] {  // planned and loaded on the first decode (the plan needs the latent's shape)
+        no_vae();
+        return std::make_unique<vae::PlacedVaeDecoder>(vae_source(), *opt_.placement, opt_.threads, vae_.flash_attn);
+    };
+    dh.whole_under_placement = [this] { return decodes_with_taesd(); };
+    dh.files = [this]() -> std::vector<std::string> {
+        std::vector<std::string> r;
+        if (decodes_with_taesd()) {
+            r.push_back(vae_.taesd_path);
+            if (vae_.taesd_reads_vae_file) r.push_back(vae_src_.path);
+            return r;
+        }
+        if (!vae_src_.empty()) r.push_back(vae_src_.path);
+        return r;
+    };
+    dh.costs = [this](int64_t h, int64_t w) {
+        std::vector<placement::ModuleCosts> out;
+        const int64_t s = vae_.latent_scale;
+        if (vae_.kl && vae_.kl->has_decoder && !decodes_with_taesd())  // the AutoencoderKL decoder at the job's latent and tiling
+            out.push_back(vae::vae_decoder_costs(vae_source(), opt_.threads, vae_.flash_attn, s * h, s * w,
+                                                       vae::planned_tiling(opt_.vae_tile, vae_.tile_factor)));
+        if (decodes_with_taesd()) {  // --taesd: the TAESD decoder is the vae module (run whole, untiled)
+            auto ti = open_index(vae_.taesd_path, "--taesd");
+            out.push_back(vae::taesd_decoder_costs(*ti, s * h, s * w));
+        }
+        return out;
+    };
+    dec_ = &modules_.add<DecoderWhole, vae::PlacedVaeDecoder>(Module::VaeDecoder, std::move(dh));
+
+    ModuleSlot<EncoderWhole, vae::PlacedVaeEncoder>::Hooks eh;
+    eh.load_whole = [this, no_vae, load_kl] {
+        no_vae();
+        auto e = std::make_unique<EncoderWhole>();
+        e->runner = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
+        e->kl = load_kl(*e->runner, vae::KLParts::EncoderOnly);
+        return e;
+    };
+    eh.load_placed = [this, no_vae] {  // planned and loaded on the first encode (the plan needs the image's shape)
+        no_vae();
+        return std::make_unique<vae::PlacedVaeEncoder>(vae_source(), *opt_.placement, opt_.threads, vae_.flash_attn);
+    };
+    eh.files = [this]() -> std::vector<std::string> {
+        if (vae_src_.empty()) return {};
+        return {vae_src_.path};
+    };
+    enc_ = &modules_.add<EncoderWhole, vae::PlacedVaeEncoder>(Module::VaeEncoder, std::move(eh));
+}
+
+vae::HostTensor FamilyBase::decode_taesd(const vae::HostTensor& z) {
+    DecoderWhole& d = *dec_->whole();
+    vae::ExecOptions ex;
+    ex.flash_attn = vae_.flash_attn;
+    ex.n_threads = opt_.threads;
+    ex.compute_bytes = dec_->compute_counter();  // the stage line's compute figure
+    if (!opt_.placement) return d.taesd->decode(z, ex);
+    // under placement flags: the TAESD runs whole on the vae entry's first device; its plan (the
+    // vae row) and measured peak (parameter buffer + compute buffer) join the plans printed
+    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+    const placement::PlacementSpec ts = vae::taesd_spec(*opt_.placement);
+    placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
+                                                        vae::taesd_decoder_costs(*d.taesd_index, z.h, z.w), budgets);
+    size_t compute = 0;
+    ex.compute_bytes = &compute;
+    vae::HostTensor img = d.taesd->decode(z, ex);
+    dec_->note_compute(compute);
+    const std::string dev = ts[placement::PModule::Vae].devices.front();
+    dec_->keep_run(std::move(plan), dev, vae::taesd_measured_peak(d.taesd->decoder_param_bytes(), compute));
+    return img;
+}
+
+vae::HostTensor FamilyBase::decode_kl(const vae::HostTensor& z, const vae::TilingOptions& tiling) {
+    if (auto* p = dec_->placed()) return p->decode(z, tiling);
+    vae::ExecOptions ex;
+    ex.flash_attn = vae_.flash_attn;
+    ex.n_threads = opt_.threads;
+    ex.compute_bytes = dec_->compute_counter();  // the stage line's compute figure
+    return dec_->whole()->kl->decode(z, tiling, ex);
+}
+
+vae::LatentDist FamilyBase::encode_kl(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
+    load(Module::VaeEncoder);
+    if (auto* p = enc_->placed()) return p->encode(image, tiling);
+    vae::ExecOptions ex;
+    ex.flash_attn = vae_.flash_attn;
+    ex.n_threads = opt_.threads;
+    ex.compute_bytes = enc_->compute_counter();  // the stage line's compute figure
+    return enc_->whole()->kl->encode(image, tiling, ex);
+}
+
+std::vector<placement::ModuleCosts> FamilyBase::placement_costs(int64_t h, int64_t w) {
+    check_planned_latent(h, w);
+    return modules_.costs(h, w, costs_skip_te());
+}
+
+std::optional<placement::ModuleCosts> FamilyBase::encode_costs(int tile) {
+    if (!(vae_.kl && vae_.kl->has_encoder)) return std::nullopt;
+    const auto sizes = encode_sizes();
+    if (sizes.empty()) return std::nullopt;
+    return vae::encode_stage_costs(vae_source(), opt_.threads, vae_.flash_attn, sizes, vae::planned_tiling(tile, vae_.tile_factor));
+}
+
+std::vector<placement::ModulePlan> FamilyBase::plan_placement(int64_t h, int64_t w) {
+    if (!opt_.placement) return {};
+    const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
+    std::optional<std::string> taesd_warning;
+    const placement::PlacementSpec spec = decodes_with_taesd() ? vae::taesd_spec(*opt_.placement, &taesd_warning) : *opt_.placement;
+    if (taesd_warning) log::warn("{}", *taesd_warning);
+    auto plans = placement::plan_modules(spec, placement_costs(h, w), budgets);
+    // the encode stage (img2img, in-painting, reference images): the VAE encoder under the vae entry
+    if (auto ec = encode_costs(opt_.vae_tile)) plans.push_back(vae::plan_encode_stage(*ec, *opt_.placement, budgets));
+    return plans;
+}
+
+}  // namespace easel::models
