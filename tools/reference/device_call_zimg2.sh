@@ -1,5 +1,5 @@
 # GPU-machine run (run tool, repo root, $OUT set): only the tiny SD2.x v-prediction pipeline
-# (tests/data/reference/sd2_tiny), smaller than device_call_zimg.sh's: the diffusers folder keeps only its
+# (tests/data/reference/sd2_tiny), with a diffusers folder that keeps only its
 # JSON files (tests rebuild its weights from the single file). Carry: [".carry/diffusers.tar.xz",
 # ".carry/bpe_simple_vocab_16e6.txt.gz"]. Writes $OUT/sd2_tiny.tar (~9 MB), $OUT/log.
 set -o pipefail
