@@ -1,5 +1,6 @@
 #include "pipeline/cache.h"
 
+#include "core/build_id.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -21,7 +22,7 @@ fs::path default_cache_dir() {
     return fs::path(".easel-cache");
 }
 
-std::string cache_key(const std::vector<std::string>& parts) {
+std::string hash_parts(const std::vector<std::string>& parts) {
     XXH3_state_t* s = XXH3_createState();
     XXH3_128bits_reset(s);
     for (auto& p : parts) {
@@ -32,6 +33,14 @@ std::string cache_key(const std::vector<std::string>& parts) {
     XXH128_hash_t h = XXH3_128bits_digest(s);
     XXH3_freeState(s);
     return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+std::string cache_key(const std::vector<std::string>& parts) {
+    std::vector<std::string> all;
+    all.reserve(parts.size() + 1);
+    all.push_back(build_identity());
+    all.insert(all.end(), parts.begin(), parts.end());
+    return hash_parts(all);
 }
 
 ArtifactCache::ArtifactCache(fs::path dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {
