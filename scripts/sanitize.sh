@@ -12,7 +12,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 build=build-sanitize
 jobs="$(nproc 2>/dev/null || echo 2)"
-cmake --preset sanitize >/dev/null
+# ggml is not instrumented: link the release build's (scripts/setup.sh) instead of compiling it
+# again with clang, when that build is there (EASEL_GGML_PREBUILT, cmake/ggml.cmake)
+release="${EASEL_BUILD_DIR:-build}"
+case "$release" in /*) ;; *) release="$root/$release" ;; esac
+prebuilt=""
+[ -f "$release/ggml/src/libggml-base.a" ] && prebuilt="-DEASEL_GGML_PREBUILT=$release"
+cmake --preset sanitize $prebuilt >/dev/null
 cmake --build "$build" -j "$jobs" --target easel_cli easel_tests easel_fuzz
 # LeakSanitizer on; a UBSan report ends the process (the build also passes -fno-sanitize-recover)
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0"
