@@ -89,11 +89,13 @@ if wait_stopped "$client"; then
   kill -CONT "$client"
   wait "$client"
   rc=$?
-  err=$(grep -v -i "^warning" "$tmp/orphan.err")
+  # (the lines before it are the run's progress: stage lines)
+  err=$(grep "^error: " "$tmp/orphan.err")
   lines=$(printf '%s\n' "$err" | grep -c .)
-  [ "$rc" -eq 1 ] && [ "$lines" -eq 1 ] && [[ "$err" == "error: "*"rpc-server"* ]] && [ -z "$(ls -A "$tmp/out")" ]
+  [ "$rc" -eq 1 ] && [ "$lines" -eq 1 ] && [ "$(tail -n 1 "$tmp/orphan.err")" = "$err" ] && [[ "$err" == *"rpc-server"* ]] &&
+    [ -z "$(ls -A "$tmp/out")" ]
   check "the client of a server that died: one error line, exit 1, nothing written" $? \
-    "exit $rc, $lines lines: $err; output folder: $(ls -A "$tmp/out")"
+    "exit $rc, $lines error lines: $err; last line: $(tail -n 1 "$tmp/orphan.err"); output folder: $(ls -A "$tmp/out")"
 else
   check "the client of a server that died" 1 "it ended before stopping: $(tail -n 2 "$tmp/orphan.err")"
 fi
