@@ -431,12 +431,13 @@ void write_checkpoint(const fs::path& path, const sampling::SamplerState& st, co
     Artifact a;
     a.kind = ArtifactKind::Checkpoint;
     for (auto& [k, v] : st.to_map()) {
+        const std::string name = "state." + k;  // (clang before 16 cannot capture a structured binding)
         std::visit(
             [&](const auto& vec) {
                 using T = typename std::decay_t<decltype(vec)>::value_type;
-                if constexpr (std::is_same_v<T, float>) a.add_f32("state." + k, {(int64_t)vec.size()}, vec);
-                else if constexpr (std::is_same_v<T, int64_t>) a.add_i64("state." + k, {(int64_t)vec.size()}, vec);
-                else a.add_u8("state." + k, {(int64_t)vec.size()}, vec);
+                if constexpr (std::is_same_v<T, float>) a.add_f32(name, {(int64_t)vec.size()}, vec);
+                else if constexpr (std::is_same_v<T, int64_t>) a.add_i64(name, {(int64_t)vec.size()}, vec);
+                else a.add_u8(name, {(int64_t)vec.size()}, vec);
             },
             v);
     }
