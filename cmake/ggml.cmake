@@ -4,7 +4,7 @@
 # EASEL_GGML_PREBUILT: a build folder of this source tree (scripts/setup.sh's build/) whose bundled
 # ggml libraries (ggml/src/*.a) are linked instead of compiling ggml again. CI's sanitizer build
 # (scripts/sanitize.sh) uses it: ggml is never instrumented, so the release build's ggml is the
-# same code, and compiling it again cost about a quarter of that build. The libraries are plain C
+# same code, and compiling it again with clang would only add build time. The libraries are plain C
 # / C++ (libstdc++) static archives with gcc's OpenMP runtime (libgomp), so clang links them.
 set(EASEL_GGML_PREBUILT "" CACHE PATH "Link the bundled ggml already built in this build folder instead of building it")
 set(EASEL_GGML_SOURCE "system")
