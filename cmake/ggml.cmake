@@ -1,8 +1,14 @@
 # ggml: a system ggml (find_package) when one is found, else the pinned copy that
 # scripts/fetch-ggml.sh puts in third_party/ggml, built as a subproject.
 # Defines the interface target easel::ggml.
+# EASEL_GGML_PREBUILT: a build folder of this source tree (scripts/setup.sh's build/) whose bundled
+# ggml libraries (ggml/src/*.a) are linked instead of compiling ggml again. CI's sanitizer build
+# (scripts/sanitize.sh) uses it: ggml is never instrumented, so the release build's ggml is the
+# same code, and compiling it again with clang would only add build time. The libraries are plain C
+# / C++ (libstdc++) static archives with gcc's OpenMP runtime (libgomp), so clang links them.
+set(EASEL_GGML_PREBUILT "" CACHE PATH "Link the bundled ggml already built in this build folder instead of building it")
 set(EASEL_GGML_SOURCE "system")
-if(EASEL_SYSTEM_GGML)
+if(EASEL_SYSTEM_GGML AND NOT EASEL_GGML_PREBUILT)
   find_package(ggml CONFIG QUIET)
 endif()
 
@@ -14,7 +20,31 @@ set(EASEL_GGML_MAX_NAME 128)
 add_library(easel_ggml INTERFACE)
 add_library(easel::ggml ALIAS easel_ggml)
 
-if(ggml_FOUND)
+
+if(EASEL_GGML_PREBUILT)
+  set(EASEL_GGML_SOURCE "bundled")
+  set(_ggml_libs "${EASEL_GGML_PREBUILT}/ggml/src")
+  foreach(lib ggml ggml-cpu ggml-rpc ggml-base)
+    set(_a "${_ggml_libs}/lib${lib}.a")
+    if(lib STREQUAL "ggml-rpc")
+      set(_a "${_ggml_libs}/ggml-rpc/lib${lib}.a")
+    endif()
+    if(lib STREQUAL "ggml-rpc" AND NOT EASEL_RPC)
+      continue()
+    endif()
+    if(NOT EXISTS "${_a}")
+      message(FATAL_ERROR "easel: EASEL_GGML_PREBUILT=${EASEL_GGML_PREBUILT} has no ${_a}: build that folder first (scripts/setup.sh)")
+    endif()
+    add_library(easel_prebuilt_${lib} STATIC IMPORTED)
+    set_target_properties(easel_prebuilt_${lib} PROPERTIES IMPORTED_LOCATION "${_a}")
+    target_link_libraries(easel_ggml INTERFACE easel_prebuilt_${lib})
+  endforeach()
+  target_include_directories(easel_ggml SYSTEM INTERFACE "${PROJECT_SOURCE_DIR}/third_party/ggml/ggml/include")
+  target_compile_definitions(easel_ggml INTERFACE GGML_USE_CPU $<$<BOOL:${EASEL_RPC}>:GGML_USE_RPC>)
+  target_link_libraries(easel_ggml INTERFACE gomp Threads::Threads m dl)
+  file(READ "${PROJECT_SOURCE_DIR}/third_party/ggml/.easel-ggml-commit" EASEL_GGML_COMMIT)
+  string(STRIP "${EASEL_GGML_COMMIT}" EASEL_GGML_COMMIT)
+elseif(ggml_FOUND)
   message(STATUS "easel: using system ggml ${ggml_VERSION} from ${ggml_DIR}")
   message(WARNING "easel: a system ggml is built with its own GGML_MAX_NAME (default 64); GGUF files with "
                   "longer tensor names (SD1.x/SDXL checkpoints) then cannot be read. Use -DEASEL_SYSTEM_GGML=OFF for the bundled ggml.")

@@ -7,6 +7,7 @@
 #include "placement/devices.h"
 
 #include <algorithm>
+#include <csignal>
 #include <set>
 #include <cstdio>
 #include <cstdlib>
@@ -97,6 +98,12 @@ int main(int argc, char** argv) {
     using namespace easel;
     ggml_log_set(quiet_ggml_log, nullptr);
     ggml_set_abort_callback(ggml_abort_line);
+#ifndef _WIN32
+    // A write to a socket whose peer went away (an --rpc-servers server that died, a killed
+    // client of `easel rpc-server`) must fail with EPIPE, which ggml's RPC code reports, instead
+    // of SIGPIPE ending the process without a word (exit 141).
+    std::signal(SIGPIPE, SIG_IGN);
+#endif
 
     CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, FLUX.1, FLUX.2 Klein, Z-Image; SDXL is detected but not run yet) on ggml", "easel"};
     app.set_version_flag("--version", std::string("easel ") + EASEL_VERSION + " (ggml " + EASEL_GGML_SOURCE + " " +

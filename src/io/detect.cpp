@@ -688,8 +688,9 @@ Detection detect(const std::vector<TensorInfo>& ts, const std::map<std::string, 
         }
         // ComfyUI's / Forge's marker tensors of v-prediction / zero-terminal-SNR single files
         // (0-d, outside every component prefix; presence counts).
+        const bool top_level = pre.empty();  // (clang before 16 cannot capture a structured binding)
         const bool only_markers = !v.names.empty() && std::all_of(v.names.begin(), v.names.end(), [&](const std::string& n) {
-            return pre.empty() && (n == "v_pred" || n == "ztsnr");
+            return top_level && (n == "v_pred" || n == "ztsnr");
         });
         if (only_markers) {
             c.role = "markers";

@@ -1,5 +1,6 @@
 #include "pipeline/cache.h"
 
+#include "core/build_id.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/log.h"
@@ -20,7 +21,15 @@ fs::path default_cache_dir() {
     return fs::path(".easel-cache");
 }
 
-std::string cache_key(const std::vector<std::string>& parts) { return content_key(parts); }
+std::string hash_parts(const std::vector<std::string>& parts) { return content_key(parts); }
+
+std::string cache_key(const std::vector<std::string>& parts) {
+    std::vector<std::string> all;
+    all.reserve(parts.size() + 1);
+    all.push_back(build_identity());
+    all.insert(all.end(), parts.begin(), parts.end());
+    return hash_parts(all);
+}
 
 ArtifactCache::ArtifactCache(fs::path dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {
     std::error_code ec;

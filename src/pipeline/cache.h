@@ -21,8 +21,15 @@ namespace easel::pipeline {
 /// $XDG_CACHE_HOME/easel, else $HOME/.cache/easel, else ./.easel-cache.
 std::filesystem::path default_cache_dir();
 
-/// Key over the given parts: easel::content_key (core/hash.h: XXH3-128 of their length-prefixed
+/// Hash of the given parts: easel::content_key (core/hash.h: xxh3-128 of their length-prefixed
 /// concatenation, 32 hex digits).
+/// Stable across builds (content hashes stored in artifacts and checkpoints use it).
+std::string hash_parts(const std::vector<std::string>& parts);
+
+/// Key of a cache entry over the given parts: hash_parts of easel's build_identity()
+/// (core/build_id.h: version, ggml commit, the binary's build-id) followed by the parts, so an
+/// entry written by another build is never found (a stale result cannot mask a change in the
+/// code that computes it).
 std::string cache_key(const std::vector<std::string>& parts);
 
 /// The cache in one folder with a size cap in bytes.

@@ -508,15 +508,21 @@ DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H) {
 std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const nlohmann::json& job, const sampling::Schedule& sched) {
     const GenerateParams& p = s.p;
     if (!p.resume && p.resume_step < 0) return std::nullopt;
-    auto path = find_checkpoint(p.checkpoint_dir, b, p.resume ? -1 : p.resume_step);
-    if (!path) {
-        if (p.resume_step >= 0)
-            fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
-                 checkpoint_path("", b, p.resume_step).string(), p.checkpoint_dir);
-        if (b == 0) fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
-        log::info("image {}: no checkpoint, starting at step 0", b + 1);
-        return std::nullopt;
+    if (p.resume) {
+        // the newest checkpoint that can be read (a truncated or corrupt one is skipped, named)
+        auto rp = load_latest_checkpoint(p.checkpoint_dir, b, job, sched);
+        if (!rp) {
+            if (b == 0) fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
+            log::info("image {}: no checkpoint, starting at step 0", b + 1);
+            return std::nullopt;
+        }
+        log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, rp->path.string(), rp->state.step, rp->state.timesteps.size());
+        return std::move(rp->state);
     }
+    auto path = find_checkpoint(p.checkpoint_dir, b, p.resume_step);
+    if (!path)
+        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, checkpoint_path("", b, p.resume_step).string(),
+             p.checkpoint_dir);
     auto st = load_checkpoint(*path, job, sched);
     log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, path->string(), st.step, st.timesteps.size());
     return st;
@@ -799,7 +805,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
             // resume must see the same mask (and, for in-painting UNets, the same masked image)
             std::vector<std::string> parts{init_hash, xxh3_hex(std::span<const uint8_t>((const uint8_t*)mask_lat.data(), mask_lat.size() * 4))};
             if (masked_dist) parts.push_back(artifact_data_hash(posterior_artifact(*masked_dist, *fam, {})));
-            init_hash = "xxh3-128:" + cache_key(parts);
+            init_hash = "xxh3-128:" + hash_parts(parts);
         }
     } else if (init_lat) {
         init_hash = init_lat->hash;
@@ -821,7 +827,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fam->unload(Module::VaeEncoder);
         log_peaks_after_encode(*fam);
         rep.vae_s += since(tv);
-        init_hash = "xxh3-128:" + cache_key(parts);
+        init_hash = "xxh3-128:" + hash_parts(parts);
     }
 
     // Stage 3: denoise.

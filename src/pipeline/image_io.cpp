@@ -13,6 +13,9 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 #pragma GCC diagnostic ignored "-Wsign-compare"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // stbi__refill_buffer, inlined (stb's, not ours)
+#endif
 #endif
 #include <stb_image.h>
 #if defined(__GNUC__)

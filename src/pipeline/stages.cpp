@@ -8,6 +8,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -281,6 +283,18 @@ nlohmann::json job_params(const DenoiseJob& job, const std::string& family, cons
     return nlohmann::json(j);
 }
 
+namespace {
+/// Test hook (docs/artifacts.md "Checkpoints"): with EASEL_TEST_STOP_AFTER_STEP=k in the
+/// environment the process stops itself (SIGSTOP) right after the checkpoint of step k is
+/// written, so a test can kill it at exactly that point instead of racing the clock.
+void stop_after_checkpoint_if_asked(int64_t step) {
+#ifdef SIGSTOP
+    static const char* v = std::getenv("EASEL_TEST_STOP_AFTER_STEP");
+    if (v && *v && std::strtoll(v, nullptr, 10) == step) std::raise(SIGSTOP);
+#endif
+}
+}  // namespace
+
 DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseInputs& in, const DenoiseControl& control) {
     if (!in.cond) fail(ErrorKind::Internal, "denoise: no conditioning");
     const bool cfg = job.cfg_scale != 1.0f;
@@ -367,8 +381,10 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
             sampling::inpaint_blend(st.x, known, *in.mask, st.shape);
             sampler.emplace(std::move(st));
         }
-        if (!control.checkpoint_dir.empty())
+        if (!control.checkpoint_dir.empty()) {
             write_checkpoint(checkpoint_path(control.checkpoint_dir, control.image, sampler->step_index()), sampler->state(), control.job);
+            stop_after_checkpoint_if_asked(sampler->step_index());
+        }
         double dt = std::chrono::duration<double>(Clock::now() - ts).count();
         res.step_s.push_back(dt);
         if (control.progress) control.progress((int)sampler->step_index(), sampler->steps(), dt);
@@ -381,6 +397,23 @@ fs::path checkpoint_path(const fs::path& dir, int image, int64_t step) {
     return dir / fmt::format("image{}-step{:04d}.safetensors", image + 1, step);
 }
 
+std::vector<fs::path> list_checkpoints(const fs::path& dir, int image) {
+    std::error_code ec;
+    std::vector<std::pair<long, fs::path>> found;
+    if (!fs::is_directory(dir, ec)) return {};
+    const std::regex re(fmt::format("image{}-step([0-9]+)\\.safetensors", image + 1));
+    for (auto& e : fs::directory_iterator(dir, ec)) {
+        std::smatch m;
+        const std::string name = e.path().filename().string();
+        if (!std::regex_match(name, m, re) || m[1].length() > 9) continue;
+        found.emplace_back(std::stol(m[1].str()), e.path());
+    }
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<fs::path> out;
+    for (auto& f : found) out.push_back(std::move(f.second));
+    return out;
+}
+
 std::optional<fs::path> find_checkpoint(const fs::path& dir, int image, int64_t step) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return std::nullopt;
@@ -389,32 +422,22 @@ std::optional<fs::path> find_checkpoint(const fs::path& dir, int image, int64_t 
         if (fs::is_regular_file(p, ec)) return p;
         return std::nullopt;
     }
-    const std::regex re(fmt::format("image{}-step([0-9]+)\\.safetensors", image + 1));
-    std::optional<fs::path> best;
-    long best_step = -1;
-    for (auto& e : fs::directory_iterator(dir, ec)) {
-        std::smatch m;
-        const std::string name = e.path().filename().string();
-        if (!std::regex_match(name, m, re)) continue;
-        long s = std::stol(m[1].str());
-        if (s > best_step) {
-            best_step = s;
-            best = e.path();
-        }
-    }
-    return best;
+    auto all = list_checkpoints(dir, image);
+    if (all.empty()) return std::nullopt;
+    return all.front();
 }
 
 void write_checkpoint(const fs::path& path, const sampling::SamplerState& st, const nlohmann::json& job) {
     Artifact a;
     a.kind = ArtifactKind::Checkpoint;
     for (auto& [k, v] : st.to_map()) {
+        const std::string name = "state." + k;  // (clang before 16 cannot capture a structured binding)
         std::visit(
             [&](const auto& vec) {
                 using T = typename std::decay_t<decltype(vec)>::value_type;
-                if constexpr (std::is_same_v<T, float>) a.add_f32("state." + k, {(int64_t)vec.size()}, vec);
-                else if constexpr (std::is_same_v<T, int64_t>) a.add_i64("state." + k, {(int64_t)vec.size()}, vec);
-                else a.add_u8("state." + k, {(int64_t)vec.size()}, vec);
+                if constexpr (std::is_same_v<T, float>) a.add_f32(name, {(int64_t)vec.size()}, vec);
+                else if constexpr (std::is_same_v<T, int64_t>) a.add_i64(name, {(int64_t)vec.size()}, vec);
+                else a.add_u8(name, {(int64_t)vec.size()}, vec);
             },
             v);
     }
@@ -425,10 +448,42 @@ void write_checkpoint(const fs::path& path, const sampling::SamplerState& st, co
     write_artifact(path, a);
 }
 
-sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::json& job, const sampling::Schedule& schedule) {
+namespace {
+
+/// A checkpoint file as read: its sampler state and the job it was written for. Throws
+/// Error(InvalidInput) when the file is truncated or corrupt (read_artifact's checks, the params
+/// metadata, the sampler state's own validation), Error(Io) when it cannot be read.
+struct CheckpointFile {
+    sampling::SamplerState state;
+    nlohmann::json params;
+};
+
+CheckpointFile read_checkpoint_file(const fs::path& path) {
     const std::string what = path.string();
     Artifact a = read_artifact(path, ArtifactKind::Checkpoint);
-    nlohmann::json saved = parse_params(a, what);
+    CheckpointFile c;
+    c.params = parse_params(a, what);
+    sampling::StateMap m;
+    for (auto& t : a.tensors) {
+        if (t.name.rfind("state.", 0) != 0) continue;
+        const std::string key = t.name.substr(6);
+        if (t.dtype == "F32") m[key] = a.f32(t.name, what);
+        else if (t.dtype == "I64") m[key] = a.i64(t.name, what);
+        else if (t.dtype == "U8") m[key] = a.u8(t.name, what);
+        else fail(ErrorKind::InvalidInput, "{}: tensor {} has dtype {}", what, t.name, t.dtype);
+    }
+    try {
+        c.state = sampling::SamplerState::from_map(m);
+    } catch (const Error& e) {
+        fail(ErrorKind::InvalidInput, "{}: bad sampler state ({})", what, e.what());
+    }
+    return c;
+}
+
+/// Throws Error(InvalidInput) naming every parameter in which the checkpoint differs from the job.
+void check_checkpoint(const CheckpointFile& c, const fs::path& path, const nlohmann::json& job, const sampling::Schedule& schedule) {
+    const nlohmann::json& saved = c.params;
+    const sampling::SamplerState& st = c.state;
     std::vector<std::string> diffs;
     for (auto& [k, v] : job.items()) {
         if (!saved.contains(k)) {
@@ -440,21 +495,6 @@ sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::jso
         if (!same && s.is_number() && v.is_number()) same = s.get<double>() == v.get<double>();
         if (!same) diffs.push_back(fmt::format("{}: checkpoint {}, now {}", k, dump_value(s), dump_value(v)));
     }
-    sampling::StateMap m;
-    for (auto& t : a.tensors) {
-        if (t.name.rfind("state.", 0) != 0) continue;
-        const std::string key = t.name.substr(6);
-        if (t.dtype == "F32") m[key] = a.f32(t.name, what);
-        else if (t.dtype == "I64") m[key] = a.i64(t.name, what);
-        else if (t.dtype == "U8") m[key] = a.u8(t.name, what);
-        else fail(ErrorKind::InvalidInput, "{}: tensor {} has dtype {}", what, t.name, t.dtype);
-    }
-    sampling::SamplerState st;
-    try {
-        st = sampling::SamplerState::from_map(m);
-    } catch (const Error& e) {
-        fail(ErrorKind::InvalidInput, "{}: bad sampler state ({})", what, e.what());
-    }
     if (st.sigmas.size() != schedule.sigmas.size() ||
         std::memcmp(st.sigmas.data(), schedule.sigmas.data(), st.sigmas.size() * sizeof(float)) != 0)
         diffs.push_back(fmt::format("sigmas: the checkpoint's {} sigmas differ from this job's {}", st.sigmas.size(), schedule.sigmas.size()));
@@ -462,9 +502,40 @@ sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::jso
         std::string msg;
         for (auto& d : diffs) msg += (msg.empty() ? "" : "; ") + d;
         fail(ErrorKind::InvalidInput, "{}: checkpoint does not match this job ({}); resume with the same model and flags, or start without --resume",
-             what, msg);
+             path.string(), msg);
     }
-    return st;
+}
+
+}  // namespace
+
+sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::json& job, const sampling::Schedule& schedule) {
+    CheckpointFile c = read_checkpoint_file(path);
+    check_checkpoint(c, path, job, schedule);
+    return c.state;
+}
+
+std::optional<ResumePoint> load_latest_checkpoint(const fs::path& dir, int image, const nlohmann::json& job,
+                                                  const sampling::Schedule& schedule) {
+    const auto all = list_checkpoints(dir, image);
+    if (all.empty()) return std::nullopt;
+    std::vector<std::string> skipped;
+    for (const fs::path& path : all) {
+        CheckpointFile c;
+        try {
+            c = read_checkpoint_file(path);
+        } catch (const Error& e) {
+            // a file a crash (or a full disk) left unusable: the one before it still is
+            log::warn("--resume: skipping {} (unreadable: {}); trying the checkpoint before it", path.filename().string(), e.what());
+            skipped.push_back(path.filename().string());
+            continue;
+        }
+        check_checkpoint(c, path, job, schedule);  // a readable checkpoint of another job is the user's mistake: refuse
+        return ResumePoint{path, std::move(c.state), std::move(skipped)};
+    }
+    std::string names;
+    for (auto& n : skipped) names += (names.empty() ? "" : ", ") + n;
+    fail(ErrorKind::InvalidInput, "--resume: no readable checkpoint of image {} in {} (all {} are truncated or corrupt: {}); start without --resume",
+         image + 1, dir.string(), skipped.size(), names);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -156,6 +156,9 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int imag
 /// The checkpoint of image i after `step` steps, or (step < 0) the one with the most steps;
 /// nullopt when none.
 std::optional<std::filesystem::path> find_checkpoint(const std::filesystem::path& dir, int image, int64_t step = -1);
+/// Every checkpoint file of image i in `dir` (named as checkpoint_path makes them), the one with
+/// the most steps first; empty when none (or no such folder).
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir, int image);
 /// Writes the sampler state and the job as a checkpoint artifact (atomic).
 void write_checkpoint(const std::filesystem::path& path, const sampling::SamplerState& st, const nlohmann::json& job);
 /// Reads a checkpoint and checks it against the job and the schedule: every differing
@@ -163,6 +166,21 @@ void write_checkpoint(const std::filesystem::path& path, const sampling::Sampler
 /// sigmas are compared bit for bit.
 sampling::SamplerState load_checkpoint(const std::filesystem::path& path, const nlohmann::json& job,
                                        const sampling::Schedule& schedule);
+
+/// Where --resume continues: the checkpoint file, its state, and the newer files skipped.
+struct ResumePoint {
+    std::filesystem::path path;
+    sampling::SamplerState state;
+    std::vector<std::string> skipped;  ///< file names of newer checkpoints that could not be read
+};
+/// --resume: the newest checkpoint of image i that can be read, checked against the job as
+/// load_checkpoint does. A checkpoint that is truncated or corrupt (a crash or a full disk
+/// mid-write; read_artifact's checks or the sampler state's validation fail) is skipped with a
+/// warning naming the file and the reason, and the one before it is tried. A readable
+/// checkpoint of another job stops the search with load_checkpoint's Error(InvalidInput).
+/// nullopt when image i has no checkpoint; Error(InvalidInput) naming them when none is readable.
+std::optional<ResumePoint> load_latest_checkpoint(const std::filesystem::path& dir, int image, const nlohmann::json& job,
+                                                  const sampling::Schedule& schedule);
 
 // ---------------------------------------------------------------------------------------------
 // Measuring a stage

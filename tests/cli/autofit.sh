@@ -12,7 +12,7 @@ data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
 source "$(dirname "$0")/lib/autofit.bash"  # uncapped_need
-start_rpc_pair 59000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
 
 # check_peaks LOG CAPS: every "RPCn predicted measured" row (MiB, printed to 0.1): measured within 10% of predicted,

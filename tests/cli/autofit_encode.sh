@@ -16,7 +16,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
-start_rpc_pair 50200 20  # $tmp, $port0, $port1, $rpc, fails=0 (ports 50200-50239)
+start_rpc_pair  # $tmp, $port0, $port1, $rpc, fails=0
 export EASEL_AUTOFIT_BENCH=0  # (the device speeds do not decide these plans; skip the benchmark)
 one="--rpc-servers 127.0.0.1:$port0"
 

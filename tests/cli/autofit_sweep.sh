@@ -26,7 +26,7 @@ data="$2"
 model="$data/reference/zimage_tiny/diffusers"
 source "$(dirname "$0")/lib/rpc.bash"
 source "$(dirname "$0")/lib/autofit.bash"  # uncapped_need
-start_rpc_pair 62000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 cache="$tmp/cache"
 points="${AUTOFIT_SWEEP_POINTS:-256:0.6 256:0.3 512:0.3:0 1024:0.3:0 2048:0.3:0}"
 compare_max="${AUTOFIT_SWEEP_COMPARE_MAX:-256}"

@@ -9,7 +9,7 @@ easel="$1"
 data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
-start_rpc_pair 52000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 job=(-m "$model" -p "a cat" -W 64 -H 64 --steps 3 -s 1 -t 1 --no-cache)
 
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain run: $(tail -1 "$tmp/plain.log")"; exit 1; }
@@ -108,11 +108,12 @@ fi
 expect_error() {
   local name="$1" pattern="$2"
   shift 2
-  err=$("$easel" generate "${job[@]}" $rpc -o "$tmp/bad.png" "$@" 2>&1 >/dev/null | grep -v -i "connection")
+  err=$("$easel" generate "${job[@]}" $rpc -o "$tmp/bad.png" "$@" 2>&1 >/dev/null)
   rc=$?
+  err=$(printf '%s\n' "$err" | grep -v -i "connection")
   lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$lines" -ne 1 ] || [[ "$err" != "error: "* ]] || [[ "$err" != *"$pattern"* ]] || [ -e "$tmp/bad.png" ]; then
-    echo "FAIL $name: $lines lines: $err"
+  if [ "$rc" -ne 1 ] || [ "$lines" -ne 1 ] || [[ "$err" != "error: "* ]] || [[ "$err" != *"$pattern"* ]] || [ -e "$tmp/bad.png" ]; then
+    echo "FAIL $name: exit $rc, $lines lines: $err"
     fails=$((fails + 1))
   else
     echo "ok   $name: $err"

@@ -15,7 +15,7 @@ set -u
 easel="$1"
 data="$2"
 source "$(dirname "$0")/lib/rpc.bash"
-start_rpc_pair 60800  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 
 # same_image NAME DEVICE CAP_MIB(or -) FLAGS...: same PNG bytes as the family's plain run; for
 # every device in the measured-peak table: predicted * 0.9 <= measured <= predicted * 1.1;

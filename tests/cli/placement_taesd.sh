@@ -1,6 +1,6 @@
 #!/bin/bash
 # TAESD (--taesd) under placement flags, end to end with the demo SD model and two
-# `easel rpc-server`s on 127.0.0.1 (ports 50000-50099): with --backend vae=RPC0 the TAESD decoder
+# `easel rpc-server`s on 127.0.0.1: with --backend vae=RPC0 the TAESD decoder
 # is the plan's vae row (TAESD label, on RPC0), the decode's PNG equals the plain CPU run's, and
 # the peak printed on RPC0 after the decode is within 10% of the prediction; with
 # --backend "vae=RPC0&RPC1" one warning line says TAESD runs whole on RPC0, the PNG is the same,
@@ -15,8 +15,8 @@ model="$src/models/demo/easel-demo-shapes.safetensors"
 taesd="$data/reference/autoencoder_tiny_taesd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
 source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, check_peaks
-# two rpc-servers on ports 50000-50099 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
-start_rpc_pair 50000 50
+# two rpc-servers (lib/rpc.bash); $tmp, $rpc, fails=0
+start_rpc_pair
 job=(-m "$model" --taesd "$taesd" -p "a cat" --steps 2 -s 1 -t 1 --no-cache -W 128 -H 128)
 
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain CPU run: $(tail -1 "$tmp/plain.log")"; exit 1; }

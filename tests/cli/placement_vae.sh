@@ -14,7 +14,7 @@ data="$2"
 model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
 source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, cap_at, check_peaks
-start_rpc_pair 61000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 job=(-m "$model" -p "a cat" -W 128 -H 128 --steps 2 -s 1 -t 1 --no-cache)
 
 "$easel" generate "${job[@]}" -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" || { echo "FAIL plain run: $(tail -1 "$tmp/plain.log")"; exit 1; }

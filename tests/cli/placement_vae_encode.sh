@@ -1,6 +1,6 @@
 #!/bin/bash
 # The VAE encoder (img2img's encode stage) under placement flags, end to end with the tiny SD
-# pipeline and two `easel rpc-server`s on 127.0.0.1 (ports 65500-65535): a layer split
+# pipeline and two `easel rpc-server`s on 127.0.0.1: a layer split
 # (--backend "vae=RPC0&RPC1"), weights in RAM (--params-backend vae=cpu) and on disk (vae=disk),
 # and a --max-vram cap below a tiled encode's need with the weights in RAM (--max-vram segments
 # uploaded per tile) each give the PNG of the plain CPU img2img run (-i, the same --vae-tiling);
@@ -16,8 +16,8 @@ model="$data/reference/sd_tiny/sd_tiny.safetensors"
 source "$(dirname "$0")/lib/rpc.bash"
 source "$(dirname "$0")/lib/placement.bash"  # require_different, generate_same_png, cap_at, peak_rows, check_peaks
 plain_run="the plain CPU img2img run"  # generate_same_png's name for the reference
-# two rpc-servers on ports 65500-65535 (another pair of the range when a port is taken); $tmp, $rpc, fails=0
-start_rpc_pair 65500 17
+# two rpc-servers (lib/rpc.bash); $tmp, $rpc, fails=0
+start_rpc_pair
 base=(-m "$model" -p "a cat" --steps 2 -s 1 -t 1 --no-cache)
 
 # an init image: the plain text-to-image run's output (128x128)

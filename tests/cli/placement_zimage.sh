@@ -12,7 +12,7 @@ easel="$1"
 data="$2"
 model="$data/reference/zimage_tiny/diffusers"
 source "$(dirname "$0")/lib/rpc.bash"
-start_rpc_pair 60000  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
+start_rpc_pair  # $tmp, two rpc-servers ($port0, $port1, $rpc), fails=0
 # CFG on (--cfg-scale 2): the positive and the negative caption differ in length, so the
 # transformer runs at two shapes with one loaded plan
 job=(-m "$model" -p "a red cat" -n "blurry" --cfg-scale 2 -W 64 -H 64 --steps 2 -s 1 -t 1 --no-cache)

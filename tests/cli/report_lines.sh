@@ -5,15 +5,13 @@
 # the closing memory line names every device that ran a module, an rpc-server included (it left
 # out the device of a placed diffusion model, freed before the line was made); the model line
 # says "UNet" once; `generate --help`'s demo example carries the README's --cfg-scale 5.
-# Usage: report_lines.sh EASEL_BINARY TEST_DATA_DIR. One rpc-server on a port of 65100-65199 (base 65100).
+# Usage: report_lines.sh EASEL_BINARY TEST_DATA_DIR. One rpc-server (lib/rpc.bash).
 set -u
 easel="$1"
 data="$2"
 sd="$data/reference/sd_tiny/sd_tiny.safetensors"
-tmp=$(mktemp -d)
-pid=""
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
+source "$(dirname "$0")/lib/rpc.bash"
+rpc_setup  # $tmp (removed on exit, servers killed), fails=0
 check() {  # check NAME CONDITION-EXIT-STATUS DETAIL
   if [ "$2" -eq 0 ]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
 }
@@ -37,29 +35,13 @@ check "model line says UNet once" $? "$(grep '^model:' "$tmp/gen.txt")"
 check "generate --help demo example carries --sampling-method euler --cfg-scale 5" $? "$("$easel" generate --help | grep demo)"
 
 # F21: diffusion placed on an rpc-server: the closing line names RPC0 beside the CPU
-for attempt in 0 1 2 3 4; do
-  port=$((65100 + ($$ + attempt * 17) % 100))
-  "$easel" rpc-server --host 127.0.0.1 --port "$port" --device CPU --threads 1 >"$tmp/rpc.log" 2>&1 &
-  pid=$!
-  up=0
-  for i in $(seq 300); do
-    if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then up=1; break; fi
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ "$up" = 1 ] && break
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; pid=""
-done
-if [ -z "$pid" ]; then
-  check "rpc-server started on a port of 65100-65199" 1 "$(cat "$tmp/rpc.log")"
-else
-  "$easel" generate -m "$sd" -p x -t 1 --steps 2 -W 64 -H 64 --no-cache --rpc-servers "127.0.0.1:$port" --backend "diffusion=RPC0" \
-    -o "$tmp/rpc.png" >/dev/null 2>"$tmp/rpc_gen.txt"
-  rc=$?
-  line=$(grep "^memory: " "$tmp/rpc_gen.txt")
-  [ "$rc" -eq 0 ] && [[ "$line" == *"measured peak per device: "*"RPC0"* ]] && [[ "$line" == *"CPU "* ]]
-  check "closing line names RPC0 (diffusion) and CPU (te, vae)" $? "exit $rc: $line $(tail -n 2 "$tmp/rpc_gen.txt")"
-fi
+start_rpc_server 0  # rpc_ep[0]; a server that does not come up fails the script
+"$easel" generate -m "$sd" -p x -t 1 --steps 2 -W 64 -H 64 --no-cache --rpc-servers "${rpc_ep[0]}" --backend "diffusion=RPC0" \
+  -o "$tmp/rpc.png" >/dev/null 2>"$tmp/rpc_gen.txt"
+rc=$?
+line=$(grep "^memory: " "$tmp/rpc_gen.txt")
+[ "$rc" -eq 0 ] && [[ "$line" == *"measured peak per device: "*"RPC0"* ]] && [[ "$line" == *"CPU "* ]]
+check "closing line names RPC0 (diffusion) and CPU (te, vae)" $? "exit $rc: $line $(tail -n 2 "$tmp/rpc_gen.txt")"
 
 [ "$fails" -eq 0 ] && echo "all report line checks passed" || echo "$fails report line checks failed"
 [ "$fails" -eq 0 ]

@@ -227,7 +227,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sd2TinyE2E, ::testing::ValuesIn(all_cases()), []
 // SD2.x defaults: both forms are SD2.x (Linear projections), v-prediction in the folder from its
 // scheduler config; clip skip 1 for the folder's pre-truncated text encoder, 2 for the file.
 TEST(Sd2TinyFamily, ClipSkipAndPredictionDefaults) {
-    if (!fs::exists(kDir / "cases.json")) GTEST_SKIP() << "tests/data/reference/sd2_tiny not present";
+    ASSERT_TRUE(fs::exists(kDir / "cases.json")) << kDir << " is missing (tools/reference/make_sd2_pipeline.py makes it)";
     models::ModelFiles folder, single;
     folder.model = diffusers_folder().string();
     single.model = (kDir / "sd2_tiny.safetensors").string();
@@ -255,7 +255,7 @@ TEST(Sd2TinyFamily, ClipSkipAndPredictionDefaults) {
 // The default matters: the single file with --clip-skip 1 (the last of its 3 layers) does not give
 // diffusers' image.
 TEST(Sd2TinyFamily, SingleFileWithClipSkip1DiffersFromDiffusers) {
-    if (!fs::exists(kDir / "cases.json")) GTEST_SKIP() << "tests/data/reference/sd2_tiny not present";
+    ASSERT_TRUE(fs::exists(kDir / "cases.json")) << kDir << " is missing (tools/reference/make_sd2_pipeline.py makes it)";
     const auto c0 = cases_json()["cases"][0];
     const int d = run_case(c0, false, "--clip-skip 1", "cs1");
     std::printf("[sd2] single file with --clip-skip 1: max pixel diff %d/255 to diffusers\n", d);

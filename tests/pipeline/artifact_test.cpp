@@ -4,15 +4,19 @@
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
 #include "pipeline/stages.h"
+#include "core/build_id.h"
 #include "core/error.h"
+#include "easel_version.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -244,4 +248,34 @@ TEST(Cache, LruEvictionAndCorruptEntry) {
     EXPECT_FALSE(fs::exists(c.path(ArtifactKind::Conditioning, "k3")));
     EXPECT_NE(cache_key({"a", "b"}), cache_key({"ab", ""}));
     fs::remove_all(d);
+}
+
+// hash_parts is xxh3-128 over (u64 length, bytes) of each part; a cache key is that over the
+// build identity and then the parts, so an entry of another build is never found.
+TEST(ArtifactCache, KeysHashTheBuildIdentityFirst) {
+    std::string bytes;
+    for (std::string p : {"ab", "", "c"}) {
+        const uint64_t n = p.size();
+        bytes.append((const char*)&n, sizeof n);
+        bytes += p;
+    }
+    const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+    EXPECT_EQ(hash_parts({"ab", "", "c"}), fmt::format("{:016x}{:016x}", h.high64, h.low64));
+    EXPECT_EQ(cache_key({"ab", "", "c"}), hash_parts({easel::build_identity(), "ab", "", "c"}));
+    EXPECT_NE(cache_key({"ab", "", "c"}), hash_parts({"ab", "", "c"}));
+    // the identity: version, ggml commit and the test binary's GNU build-id, as readelf reads it
+    // from the file (an independent reader of the same note)
+    const std::string& id = easel::build_identity();
+    EXPECT_EQ(id.rfind(std::string("easel ") + EASEL_VERSION + " ggml " + EASEL_GGML_COMMIT + " build ", 0), 0u) << id;
+    std::string notes;
+    if (FILE* f = popen("readelf -n /proc/self/exe 2>/dev/null", "r")) {
+        char buf[4096];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, f)) > 0) notes.append(buf, k);
+        pclose(f);
+    }
+    const size_t at = notes.find("Build ID: ");
+    ASSERT_NE(at, std::string::npos) << "readelf -n found no GNU build-id note in the test binary:\n" << notes;
+    const std::string want = notes.substr(at + 10, notes.find('\n', at) - at - 10);
+    EXPECT_EQ(id.substr(id.rfind(' ') + 1), want) << id;
 }

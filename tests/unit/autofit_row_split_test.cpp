@@ -4,7 +4,7 @@
 // a warning; the flags say `--split-mode M=row` for the row-split modules only. Synthetic
 // modules first (expected plans and the arithmetic written down), then the tiny Z-Image
 // pipeline (Qwen3 te with flash attention, DiT; F32 weights) auto-fitted over two easel
-// rpc-servers on 127.0.0.1 (ports 55000-55799; the brief's 66000+ are not TCP ports) and run
+// rpc-servers on 127.0.0.1 (tests/unit/rpc_servers.h: ports the OS hands out) and run
 // under the plan's flags: outputs within 1e-5 of the unplaced family, every RPC device's measured
 // peak within 10% of the plan's prediction and under auto-fit's.
 #include "core/error.h"
@@ -206,7 +206,7 @@ namespace {
 const std::filesystem::path kRef = std::filesystem::path(EASEL_TEST_DATA) / "reference";
 
 easel::test_support::RpcServers& rpc() {
-    static easel::test_support::RpcServers s(2, 55000);
+    static easel::test_support::RpcServers s(2);
     return s;
 }
 

@@ -8,6 +8,7 @@
 #include "models/clip/clip_text.h"
 #include "placement/devices.h"
 #include "runtime/graph_runner.h"
+#include "rpc_servers.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,11 +20,6 @@
 #include <iostream>
 #include <thread>
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
-extern char** environ;
 
 using namespace easel;
 namespace clip = easel::models::clip;
@@ -489,33 +485,8 @@ TEST(ClipText, SdTinyDiffusersFolderParity) {
 TEST(ClipText, RunsOnRpcDevice) {
     // Parameters in a non-host buffer, inputs/outputs through the backend API: an easel
     // rpc-server on 127.0.0.1 serving its CPU (the multi-device set-up of CI).
-    const int port = 50900 + (int)(::getpid() % 500);
-    std::string port_s = std::to_string(port);
-    const char* argv[] = {EASEL_BINARY, "rpc-server", "--port", port_s.c_str(), "--device", "CPU", "--threads", "1", nullptr};
-    pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, EASEL_BINARY, nullptr, nullptr, const_cast<char**>(argv), environ), 0);
-    struct Kill {
-        pid_t pid;
-        ~Kill() {
-            ::kill(pid, SIGTERM);
-            ::waitpid(pid, nullptr, 0);
-        }
-    } killer{pid};
-    std::string endpoint = "127.0.0.1:" + port_s;
-    bool up = false;
-    for (int i = 0; i < 100 && !up; ++i) {
-        try {
-            placement::add_rpc_servers(endpoint);
-            up = true;
-        } catch (const Error&) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        }
-    }
-    ASSERT_TRUE(up) << "rpc-server did not come up on " << endpoint;
-    ggml_backend_dev_t dev = nullptr;
-    for (auto& d : placement::list_devices())
-        if (d.name.rfind("RPC", 0) == 0 && (d.name + d.description).find(endpoint) != std::string::npos) dev = d.dev;
-    ASSERT_NE(dev, nullptr);
+    easel::test_support::RpcServers rpc(1);  // throws (the test fails) when it cannot start
+    ggml_backend_dev_t dev = placement::find_device(rpc.devices.at(0));
 
     Ref r = load_ref("clip_text_with_projection_tiny");
     auto keys = clip::find_clip_text_encoders(r.idx);

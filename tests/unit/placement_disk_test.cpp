@@ -2,7 +2,7 @@
 // module that fits neither the device whole nor host RAM runs as block ranges whose weights are
 // read from the model file into one transient host buffer and uploaded into the device's slots
 // before every evaluation (runtime/sequence_runner.h). The tiny SD UNet fixture on the CPU and
-// on an easel rpc-server (tests/unit/rpc_servers.h, ports 58000+) must give the one-graph CPU
+// on an easel rpc-server (tests/unit/rpc_servers.h) must give the one-graph CPU
 // output bitwise, with the measured device peak and host buffer within 10% of the plan.
 #include "core/error.h"
 #include "io/weight_index.h"
@@ -148,7 +148,7 @@ TEST(PlacementDisk, UnetDiskSegmentsOnCpuMatchOneGraphBitwise) {
 // On an easel rpc-server (the device across a socket, as a GPU across PCIe): the parameters
 // read from the file cross to the server's slots every evaluation.
 TEST(PlacementDisk, UnetDiskSegmentsOnRpcDeviceMatchOneGraphBitwise) {
-    static easel::test_support::RpcServers rpc(1, 58000);
+    static easel::test_support::RpcServers rpc(1);
     ASSERT_EQ(rpc.devices.size(), 1u) << "rpc-server did not come up";
     const std::string dev = rpc.devices[0];
     Unet u;

@@ -52,7 +52,7 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 /// Devices for multi-device tests: CPU plus up to two RPC devices (tests/unit/rpc_servers.h).
 easel::test_support::RpcServers& servers() {
-    static easel::test_support::RpcServers s(2, 51000);
+    static easel::test_support::RpcServers s(2);
     return s;
 }
 

@@ -36,7 +36,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kSlack = 8 << 10;  // the plan's alignment slack per slot / state buffer
 
 easel::test_support::RpcServers& servers() {
-    static easel::test_support::RpcServers s(2, 58000);
+    static easel::test_support::RpcServers s(2);
     return s;
 }
 

@@ -19,6 +19,7 @@
 #include "rpc_servers.h"
 
 #include <gtest/gtest.h>
+#include "gpu_skip.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -45,9 +46,9 @@ using test_support::max_abs_diff;
 using test_support::run_planned;
 using test_support::RunResult;
 
-/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h; ports apart from the other tests').
+/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h).
 easel::test_support::RpcServers& rpc() {
-    static easel::test_support::RpcServers s(2, 53000);
+    static easel::test_support::RpcServers s(2);
     return s;
 }
 
@@ -330,7 +331,7 @@ TEST(RowSplit, UnetOverTwoRpcServersMatchesOneDevice) {
 
 TEST(RowSplit, ZImageOnTwoCudaDevicesMatchesOneDevice) {
     auto devs = cuda_pair();
-    if (devs.empty()) GTEST_SKIP() << "needs two CUDA devices (or GGML_CUDA_DEVICES=2)";
+    if (devs.empty()) EASEL_SKIP_WITHOUT_GPU("needs two CUDA devices (or GGML_CUDA_DEVICES=2)");
     check_zimage_row_split(devs, "CUDA0&CUDA1");
     check_unet_row_split(devs, "CUDA0&CUDA1");
 }

@@ -10,6 +10,7 @@
 #include "placement/devices.h"
 
 #include <gtest/gtest.h>
+#include "gpu_skip.h"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -315,7 +316,7 @@ TEST(TaesdAutoencoderTiny, F32EncoderLayout) {
 // TAEF2 on the first GPU device when there is one: same round trip as on the CPU.
 TEST(TaesdAutoencoderTiny, Taef2OnGpuMatchesCpu) {
     ggml_backend_dev_t dev = placement::first_local_gpu();
-    if (!dev) GTEST_SKIP() << "no GPU device in this build";
+    if (!dev) EASEL_SKIP_WITHOUT_GPU("no GPU device in this build");
     auto ie = io::WeightIndex::open(ref("autoencoder_tiny_taef2_encoder.safetensors"));
     auto id = io::WeightIndex::open(ref("autoencoder_tiny_taef2_decoder.safetensors"));
     ggml_backend_t gpu = ggml_backend_dev_init(dev, nullptr);

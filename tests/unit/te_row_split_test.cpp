@@ -39,9 +39,9 @@ namespace {
 const std::filesystem::path kRef = std::filesystem::path(EASEL_TEST_DATA) / "reference";
 constexpr double kMiB = 1024.0 * 1024.0;
 
-/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h; this file's port base).
+/// Two easel rpc-servers serving the CPU (tests/unit/rpc_servers.h).
 easel::test_support::RpcServers& rpc() {
-    static easel::test_support::RpcServers s(2, 64000);
+    static easel::test_support::RpcServers s(2);
     return s;
 }
 

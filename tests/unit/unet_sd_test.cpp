@@ -519,17 +519,27 @@ TEST(UnetSd, UpsampleMatchesSkipSizeLikeTorchNearest) {
     std::filesystem::remove_all(dir);
 }
 
-TEST(UnetSd, OddLatentSizesKeepTheirShape) {
+TEST(UnetSd, OddLatentSizesMatchDiffusers) {
     // 13x10 latents: the downsampler makes 7x5, the upsampler must return to the skip's 13x10
+    // (diffusers' forward_upsample_size path). Reference: diffusers' output of the same fixture on
+    // these inputs (tools/reference/unet_extra_fixtures.py, unet_sd15_tiny_odd.safetensors).
+    const auto ref_path = kDir / "unet_sd15_tiny_odd.safetensors";
+    ASSERT_TRUE(std::filesystem::exists(ref_path)) << ref_path << " is missing: tools/reference/unet_extra_fixtures.py makes it";
+    auto ref = io::WeightIndex::open(ref_path);
     auto idx = io::WeightIndex::open(kWeights);
     runtime::GraphRunner runner;
     auto unet = load_unet(idx, runner.buffer_type(), fixture_overrides(), no_unexpected_check());
-    std::vector<float> x(4 * 13 * 10), ctx(7 * 32);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * (float)i);
-    for (size_t i = 0; i < ctx.size(); ++i) ctx[i] = std::cos(0.11f * (float)i);
-    auto out = run_unet(*unet.net, runner, x, {1, 4, 13, 10}, {37.25f}, ctx, 7, false);
-    EXPECT_EQ(out.ne, (std::array<int64_t, 4>{10, 13, 4, 1}));
-    for (float v : out.data) ASSERT_TRUE(std::isfinite(v));
+    const auto x = tensor(ref, "__input__.odd.sample"), ctx = tensor(ref, "__input__.odd.encoder_hidden_states");
+    const auto t = tensor(ref, "__input__.odd.timestep"), want = tensor(ref, "__output__.odd.sample");
+    ASSERT_EQ(x.size(), 4u * 13 * 10);
+    ASSERT_EQ(ctx.size(), 7u * 32);
+    for (bool flash : {false, true}) {
+        auto out = run_unet(*unet.net, runner, x, {1, 4, 13, 10}, t, ctx, 7, flash);
+        EXPECT_EQ(out.ne, (std::array<int64_t, 4>{10, 13, 4, 1}));
+        const float err = max_abs_diff(out.data, want);
+        std::printf("[unet_sd15_tiny 13x10] flash=%d max abs error vs diffusers %.3g\n", (int)flash, err);
+        EXPECT_LT(err, 1e-4f) << "flash_attn=" << flash;
+    }
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include "placement/devices.h"
 
 #include <gtest/gtest.h>
+#include "gpu_skip.h"
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -475,7 +476,7 @@ TEST(VaeAutoencoderKL, GpuAndFlashAttentionMatchDiffusers) {
         EXPECT_LT(e, 1e-4f);
     }
     ggml_backend_dev_t dev = placement::first_local_gpu();
-    if (!dev) GTEST_SKIP() << "no GPU device in this build";
+    if (!dev) EASEL_SKIP_WITHOUT_GPU("no GPU device in this build");
     ggml_backend_t gpu = ggml_backend_dev_init(dev, nullptr);
     ASSERT_NE(gpu, nullptr);
     {

@@ -6,7 +6,9 @@ Usage (repo root, diffusers source on PYTHONPATH, see device_setup.sh):
 Writes, in the format of ../shared/fixtures/reference (weights under state_dict names,
 __input__.*, __output__.*, JSON sidecar with config):
   unet_sd15_tiny_odd.safetensors   the unet_sd15_tiny model on odd latent sizes (13x10), so
-                                   diffusers' forward_upsample_size path is exercised
+                                   diffusers' forward_upsample_size path is exercised (inputs and
+                                   output only: the weights are unet_sd15_tiny.safetensors';
+                                   copied to tests/data/reference for UnetSd.OddLatentSizesMatchDiffusers)
   unet_sd2_tiny.safetensors        an SD2.x-style tiny UNet: 9 input channels (in-painting),
                                    use_linear_projection, 3 levels (2 downsamplers), depth-2
                                    transformers, per-block heads, 4 groups; run on 12x20 and 11x7
@@ -66,8 +68,8 @@ def stats(t):
     return {"shape": list(t.shape), "min": float(t.min()), "max": float(t.max()), "mean": float(t.mean())}
 
 
-def run_case(name, model, init_kwargs, calls, out_dir):
-    tensors = {k: v for k, v in model.state_dict().items()}
+def run_case(name, model, init_kwargs, calls, out_dir, weights=True):
+    tensors = {k: v for k, v in model.state_dict().items()} if weights else {}
     meta = {"case": name, "init_kwargs": init_kwargs, "config": dict(model.config), "calls": []}
     for tag, (sample, t, ctx) in calls.items():
         with torch.no_grad():
@@ -101,7 +103,7 @@ def main():
     m.load_state_dict({k: v for k, v in sd.items() if not k.startswith("__")})
     g = torch.Generator().manual_seed(2001)
     calls = {"odd": (torch.randn(1, 4, 13, 10, generator=g), torch.tensor([37.25]), torch.randn(1, 7, 32, generator=g))}
-    run_case("unet_sd15_tiny_odd", m, meta["init_kwargs"], calls, a.out)
+    run_case("unet_sd15_tiny_odd", m, meta["init_kwargs"], calls, a.out, weights=False)
 
     # 2. SD2.x-style tiny UNet
     kw = dict(sample_size=16, in_channels=9, out_channels=4,

@@ -1,46 +1,60 @@
-# Sourced by the placement CLI tests (tests/cli/*.sh; this folder is not globbed as tests).
-# start_rpc_pair BASE [SLOTS]: a temporary folder $tmp (removed on exit unless KEEP_TMP is set), two
-# `$easel rpc-server --device CPU --threads 1` on 127.0.0.1 ports $port0 = BASE + 2 * (PID % SLOTS)
-# (SLOTS: pairs in the script's range, default 400)
-# and $port1 = $port0 + 1 (another pair of the range when a port is taken; killed on exit),
-# waited for up to 30 s, and $rpc, the --rpc-servers
-# flag naming both; fails=0 for the caller's count. Each script takes its own BASE, 800 ports
-# apart from the others': 52000 placement, 59000 autofit, 60000 placement_zimage, 60800
-# placement_flux, 61000 placement_vae, 62000 autofit_sweep; smaller ranges: 50000 placement_taesd
-# (50 pairs), 50200 autofit_encode (20 pairs), 65500 placement_vae_encode (17 pairs, ports end at 65535) (and the unit tests',
-# tests/unit/rpc_servers.h).
-start_rpc_pair() {
+# Sourced by the command tests that need extra devices (tests/cli/*.sh; this folder is not globbed
+# as tests). The caller sets $easel.
+#
+# rpc_setup: a temporary folder $tmp (removed on exit unless KEEP_TMP is set, with every server
+#   started below killed), fails=0 for the caller's count.
+# start_rpc_server I: one `$easel rpc-server --port 0 --device CPU --threads 1`: the OS hands it a
+#   free port, which it holds, and once its own socket listens it writes "HOST:PORT PID" to
+#   $tmp/rpcI.port (tests/unit/rpc_servers.h does the same for the unit tests). Waits up to 60 s
+#   for that file and checks that the pid in it is the process started here, so a test never
+#   talks to a server it did not start; sets rpc_ep[I] (HOST:PORT) and rpc_port[I]. A server that
+#   does not come up ends the script with FAIL and status 1: a test without its devices fails.
+# start_rpc_pair: rpc_setup, servers 0 and 1, $port0 and $port1, and $rpc, the --rpc-servers
+#   flag naming both.
+rpc_setup() {
   tmp=$(mktemp -d)
   pids=()
-  trap _rpc_pair_cleanup EXIT
+  rpc_ep=()
+  rpc_port=()
+  trap _rpc_cleanup EXIT
   fails=0
-  local attempt port i up p0 p1 slots=${2:-400}
-  # a port can be taken (another test, or an outgoing connection's ephemeral port: the range
-  # overlaps Linux's 32768-60999): a server that exits at once is started on another pair
-  for attempt in 0 1 2 3 4 5 6 7; do
-    port0=$(($1 + (($$ + attempt * 53) % slots) * 2))
-    port1=$((port0 + 1))
-    "$easel" rpc-server --port "$port0" --device CPU --threads 1 >"$tmp/rpc-$port0.log" 2>&1 &
-    p0=$!
-    "$easel" rpc-server --port "$port1" --device CPU --threads 1 >"$tmp/rpc-$port1.log" 2>&1 &
-    p1=$!
-    up=0
-    for i in $(seq 300); do
-      if (exec 3<>/dev/tcp/127.0.0.1/$port0) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/$port1) 2>/dev/null; then up=1; break; fi
-      kill -0 "$p0" 2>/dev/null && kill -0 "$p1" 2>/dev/null || break  # one exited: its port is taken
-      sleep 0.1
-    done
-    if [ "$up" = 1 ]; then
-      pids+=("$p0" "$p1")
-      break
-    fi
-    kill "$p0" "$p1" 2>/dev/null
-    wait "$p0" "$p1" 2>/dev/null
-  done
-  rpc="--rpc-servers 127.0.0.1:$port0,127.0.0.1:$port1"
 }
 
-_rpc_pair_cleanup() {
+start_rpc_server() {
+  local i=$1 pf="$tmp/rpc$1.port" log="$tmp/rpc$1.log" p k ep spid
+  "$easel" rpc-server --port 0 --port-file "$pf" --device CPU --threads 1 >"$log" 2>&1 &
+  p=$!
+  pids+=("$p")
+  for k in $(seq 600); do
+    [ -s "$pf" ] && break
+    if ! kill -0 "$p" 2>/dev/null; then
+      echo "FAIL rpc-server $i exited before listening: $(tail -n 1 "$log")"
+      exit 1
+    fi
+    sleep 0.1
+  done
+  if ! [ -s "$pf" ] || ! read -r ep spid <"$pf"; then
+    echo "FAIL rpc-server $i did not listen within 60 s: $(tail -n 1 "$log")"
+    exit 1
+  fi
+  if [ "$spid" != "$p" ]; then
+    echo "FAIL rpc-server $i: $pf names pid $spid, but this test started pid $p"
+    exit 1
+  fi
+  rpc_ep[$i]=$ep
+  rpc_port[$i]=${ep##*:}
+}
+
+start_rpc_pair() {
+  rpc_setup
+  start_rpc_server 0
+  start_rpc_server 1
+  port0=${rpc_port[0]}
+  port1=${rpc_port[1]}
+  rpc="--rpc-servers ${rpc_ep[0]},${rpc_ep[1]}"
+}
+
+_rpc_cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   if [ -n "${KEEP_TMP:-}" ]; then echo "logs kept in $tmp"; else rm -rf "$tmp"; fi
