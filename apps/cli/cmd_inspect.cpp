@@ -1,5 +1,6 @@
 // `easel inspect FILE...`: what a weight file (or folder) holds.
 #include "command.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "io/detect.h"
@@ -181,10 +182,10 @@ EASEL_COMMAND(
                             if (!std::filesystem::is_directory(c.folder, ec)) continue;
                             bool has_weights = false;
                             for (auto& e : std::filesystem::directory_iterator(c.folder, ec)) {
-                                const auto n = e.path().filename().string();
+                                const auto n = platform::path_utf8(e.path().filename());
                                 if (n.find(".safetensors") != std::string::npos || n.find(".gguf") != std::string::npos) has_weights = true;
                             }
-                            if (has_weights) targets.emplace_back(c.folder.string() + " (" + c.name + ": " + c.class_name + ")", c.folder);
+                            if (has_weights) targets.emplace_back(platform::path_utf8(c.folder) + " (" + c.name + ": " + c.class_name + ")", c.folder);
                         }
                         if (targets.empty()) fail(ErrorKind::InvalidInput, "'{}': pipeline folder without weight files", f);
                     } else {

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "core/strings.h"
 #include "easel_version.h"
 #include "models/family.h"
@@ -15,9 +16,6 @@
 #include "placement/devices.h"
 #include "placement/vae_encoder.h"
 #include "sampling/sampler.h"
-
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -69,16 +67,12 @@ std::vector<float> resize_nearest(const std::vector<float>& m, int H, int W, int
 
 std::string model_stem(const GenerateParams& p) {
     std::string m = !p.model.empty() ? p.model : p.diffusion_model;
-    fs::path path(m);
+    fs::path path = platform::u8path(m);
     if (path.filename().empty()) path = path.parent_path();
-    return path.stem().string();
+    return platform::path_utf8(path.stem());
 }
 
-size_t peak_rss() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return (size_t)ru.ru_maxrss * 1024;
-}
+size_t peak_rss() { return (size_t)platform::peak_rss_bytes(); }
 
 /// Everything resolved from the flags before a model is opened.
 struct Setup {
@@ -272,19 +266,20 @@ std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
 /// to it and rename it over the target, which would replace the node). Throws Error(Io/InvalidInput).
 void check_output_folder(const std::string& path, const char* flag) {
     if (path.empty()) fail(ErrorKind::InvalidInput, "{} is empty: pass an output file path", flag);
-    fs::path dir = fs::path(path).parent_path();
+    const fs::path target = platform::u8path(path);
+    fs::path dir = target.parent_path();
     std::error_code ec;
-    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, dir.string());
-    if (fs::is_directory(path, ec))
-        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, (fs::path(path) / "output.png").string());
-    const fs::file_status st = fs::status(path, ec);
+    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, platform::path_utf8(dir));
+    if (fs::is_directory(target, ec))
+        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, platform::path_utf8(target / "output.png"));
+    const fs::file_status st = fs::status(target, ec);
     if (fs::exists(st) && !fs::is_regular_file(st))
         fail(ErrorKind::InvalidInput, "{} {}: exists and is not a regular file (a device or a pipe); give a file path", flag, path);
     std::random_device rd;
-    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", (long)::getpid(), rd());
+    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", platform::process_id(), rd());
     {
         std::ofstream f(probe, std::ios::binary | std::ios::trunc);
-        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, (dir.empty() ? fs::path(".") : dir).string());
+        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, platform::path_utf8(dir.empty() ? fs::path(".") : dir));
     }
     fs::remove(probe, ec);
 }
@@ -309,7 +304,7 @@ void check_resume(const GenerateParams& p) {
     if (!p.resume && p.resume_step < 0) return;
     if (find_checkpoint(p.checkpoint_dir, 0, p.resume ? -1 : p.resume_step)) return;
     if (p.resume_step >= 0)
-        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, checkpoint_path("", 0, p.resume_step).string(),
+        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, platform::path_utf8(checkpoint_path("", 0, p.resume_step)),
              p.checkpoint_dir);
     fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
 }
@@ -415,9 +410,9 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
         key = conditioning_key(fam, s, need_negative);
         if (auto a = cache->get(ArtifactKind::Conditioning, key)) {
             try {
-                PromptConditioning c = conditioning_from_artifact(*a, cache->path(ArtifactKind::Conditioning, key).string());
+                PromptConditioning c = conditioning_from_artifact(*a, platform::path_utf8(cache->path(ArtifactKind::Conditioning, key)));
                 log::info("cache hit: prompt conditioning from {}; the text encoder was not opened (saved ~{:.2f} s of encoding)",
-                          cache->path(ArtifactKind::Conditioning, key).string(), c.encode_s);
+                          platform::path_utf8(cache->path(ArtifactKind::Conditioning, key)), c.encode_s);
                 if (rep) {
                     rep->conditioning_cached = true;
                     rep->te_saved_s = c.encode_s;
@@ -456,7 +451,7 @@ vae::LatentDist obtain_posterior(models::Family& fam, const Setup& s, const Imag
                 d.logvar = d.mean;
                 d.mean.data = std::move(m);
                 d.logvar.data = std::move(lv);
-                log::info("cache hit: {} latent from {}; the VAE encoder was not loaded", what, cache->path(ArtifactKind::Latent, key).string());
+                log::info("cache hit: {} latent from {}; the VAE encoder was not loaded", what, platform::path_utf8(cache->path(ArtifactKind::Latent, key)));
                 return d;
             }
         }
@@ -512,7 +507,7 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
     if (!path) {
         if (p.resume_step >= 0)
             fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
-                 checkpoint_path("", b, p.resume_step).string(), p.checkpoint_dir);
+                 platform::path_utf8(checkpoint_path("", b, p.resume_step)), p.checkpoint_dir);
         if (b == 0) fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
         log::info("image {}: no checkpoint, starting at step 0", b + 1);
         return std::nullopt;
@@ -642,8 +637,9 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
     }
     if (placeholder) return out;
     if (index == 0 || count <= 1) return pattern;
-    fs::path p(pattern);
-    return (p.parent_path() / (p.stem().string() + "_" + std::to_string(index + 1) + p.extension().string())).string();
+    const fs::path p = platform::u8path(pattern);
+    return platform::path_utf8(p.parent_path() /
+                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(index + 1) + platform::path_utf8(p.extension())));
 }
 
 int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
@@ -651,18 +647,18 @@ int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_c
 void check_vae_tiling(const GenerateParams& p) { check_vae_tiling_impl(p); }
 
 std::string find_demo_model() {
-    if (const char* env = std::getenv("EASEL_DEMO_MODEL"); env && *env) return env;
+    if (auto env = platform::env("EASEL_DEMO_MODEL")) return *env;
     std::error_code ec;
-    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path exe = platform::executable_path();
     std::vector<fs::path> cands;
-    if (!ec) {
+    if (!exe.empty()) {
         fs::path bin = exe.parent_path();
         cands = {bin / "../../models/demo", bin / "../models/demo", bin / "../share/easel/models/demo"};
     }
     cands.push_back("models/demo");
     for (auto& c : cands) {
         fs::path f = c / "easel-demo-shapes.safetensors";
-        if (fs::is_regular_file(f, ec)) return fs::weakly_canonical(f, ec).string();
+        if (fs::is_regular_file(f, ec)) return platform::path_utf8(fs::weakly_canonical(f, ec));
     }
     return {};
 }

@@ -2,10 +2,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "placement/vae_encoder.h"
 #include "text/prompt_syntax.h"
-
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -173,7 +172,7 @@ Artifact latent_artifact(std::span<const float> z, int64_t C, int64_t h, int64_t
 }
 
 LoadedLatent load_latent(const fs::path& path, const models::Family& fam) {
-    const std::string what = path.string();
+    const std::string what = platform::path_utf8(path);
     Artifact a = read_artifact(path, ArtifactKind::Latent);
     LoadedLatent r;
     r.space = a.at("latent_space", what);
@@ -394,7 +393,7 @@ std::optional<fs::path> find_checkpoint(const fs::path& dir, int image, int64_t 
     long best_step = -1;
     for (auto& e : fs::directory_iterator(dir, ec)) {
         std::smatch m;
-        const std::string name = e.path().filename().string();
+        const std::string name = platform::path_utf8(e.path().filename());
         if (!std::regex_match(name, m, re)) continue;
         long s = std::stol(m[1].str());
         if (s > best_step) {
@@ -426,7 +425,7 @@ void write_checkpoint(const fs::path& path, const sampling::SamplerState& st, co
 }
 
 sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::json& job, const sampling::Schedule& schedule) {
-    const std::string what = path.string();
+    const std::string what = platform::path_utf8(path);
     Artifact a = read_artifact(path, ArtifactKind::Checkpoint);
     nlohmann::json saved = parse_params(a, what);
     std::vector<std::string> diffs;
@@ -470,26 +469,12 @@ sampling::SamplerState load_checkpoint(const fs::path& path, const nlohmann::jso
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-size_t read_vm_hwm() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("VmHWM:", 0) == 0) return (size_t)std::stoull(line.substr(6)) * 1024;
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return (size_t)ru.ru_maxrss * 1024;
-}
 std::string mib(size_t b) { return fmt::format("{:.1f} MiB", (double)b / 1048576.0); }
 }  // namespace
 
-StageMeter::StageMeter() : t0_(now_s()) {
-    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-        std::fputs("5", f);  // reset the peak RSS (VmHWM) to the current RSS
-        std::fclose(f);
-    }
-}
+StageMeter::StageMeter() : t0_(now_s()) { platform::reset_peak_rss(); }
 
-size_t StageMeter::peak_rss() const { return read_vm_hwm(); }
+size_t StageMeter::peak_rss() const { return (size_t)platform::peak_rss_bytes(); }
 double StageMeter::seconds() const { return now_s() - t0_; }
 
 ModuleBytes module_bytes(const models::Family& fam, models::Module m) {
