@@ -23,7 +23,7 @@ PINS=(
 )
 STAMP="$prefix/.easel-win-deps-v1"
 
-WIN_PACKAGES=(g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix binutils-mingw-w64-x86-64 libz-mingw-w64-dev
+WIN_PACKAGES=(patch g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix binutils-mingw-w64-x86-64 libz-mingw-w64-dev
   dpkg-dev cmake nlohmann-json3-dev libcli11-dev libstb-dev libfmt-dev libxxhash-dev libcpp-httplib-dev)
 apt_ready=0
 install_packages() {
@@ -97,9 +97,11 @@ cmake --build "$src/build-libpng" -j "$jobs" --target png_static >/dev/null
 cp "$src"/build-libpng/libpng16.a "$prefix/lib/"
 cp "$dir"/png.h "$dir"/pngconf.h "$src"/build-libpng/pnglibconf.h "$prefix/include/"
 
-# sentencepiece (static library only, its bundled protobuf-lite inside)
+# sentencepiece: only its static library target is built (its bundled protobuf-lite inside)
 read -r pkg ver sum <<<"${PINS[1]}"
 dir="$(fetch_source "$pkg" "$ver" "$sum")"
+# Debian builds only the shared library (its patch disable-static-library.patch); undo that patch
+patch -s -R -p1 -d "$dir" < "$dir/debian/patches/disable-static-library.patch"
 cmake -S "$dir" -B "$src/build-sentencepiece" -DCMAKE_TOOLCHAIN_FILE="$toolchain" -DEASEL_WIN_DEPS="$prefix" -DCMAKE_BUILD_TYPE=Release \
   -DSPM_ENABLE_SHARED=OFF -DSPM_ENABLE_TCMALLOC=OFF -DSPM_BUILD_TEST=OFF "${launcher[@]}" >/dev/null
 cmake --build "$src/build-sentencepiece" -j "$jobs" --target sentencepiece-static >/dev/null

@@ -150,7 +150,7 @@ echo "test-windows: Cyrillic and spaces in model, output, checkpoint and cache p
 if weasel generate -m "$wdesk\\нет такого.safetensors" -p x --steps 1 -o "$wdesk\\x.png" >/dev/null 2>"$tmp/bad.err"; then
   fail "easel.exe accepted a missing model"
 fi
-[ "$(tr -d '\r' < "$tmp/bad.err" | grep -c .)" = 1 ] && grep -q 'нет такого.safetensors' "$tmp/bad.err" ||
+[ "$(tr -d '\r' < "$tmp/bad.err" | grep -c '^error:')" = 1 ] && grep '^error:' "$tmp/bad.err" | grep -q 'нет такого.safetensors' ||
   fail "a missing model under a Cyrillic path did not give one line naming it: $(cat "$tmp/bad.err")"
 
 echo "test-windows: all passed ($(( $(date +%s) - t_start )) s in all, build $(( t_built - t_start )) s)"

@@ -176,8 +176,9 @@ EASEL_COMMAND(
             for (auto& f : o->files) {
                 try {
                     std::vector<std::pair<std::string, std::filesystem::path>> targets;
-                    if (is_pipeline_folder(f)) {
-                        for (auto& c : list_pipeline_components(f)) {
+                    const std::filesystem::path fp = platform::u8path(f);
+                    if (is_pipeline_folder(fp)) {
+                        for (auto& c : list_pipeline_components(fp)) {
                             std::error_code ec;
                             if (!std::filesystem::is_directory(c.folder, ec)) continue;
                             bool has_weights = false;
@@ -189,7 +190,7 @@ EASEL_COMMAND(
                         }
                         if (targets.empty()) fail(ErrorKind::InvalidInput, "'{}': pipeline folder without weight files", f);
                     } else {
-                        targets.emplace_back(f, f);
+                        targets.emplace_back(f, fp);
                     }
                     for (auto& [label, p] : targets) {
                         auto wi = WeightIndex::open(p);

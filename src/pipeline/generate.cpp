@@ -250,7 +250,7 @@ vae::TilingOptions tiling_options(const GenerateParams& p, int f) {
 
 std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
     if (p.no_cache) return std::nullopt;
-    if (!p.cache_dir.empty()) return ArtifactCache(p.cache_dir, (uint64_t)p.cache_max_mib << 20);  // an explicit folder must work
+    if (!p.cache_dir.empty()) return ArtifactCache(platform::u8path(p.cache_dir), (uint64_t)p.cache_max_mib << 20);  // an explicit folder must work
     try {
         return ArtifactCache(default_cache_dir(), (uint64_t)p.cache_max_mib << 20);
     } catch (const Error& e) {
@@ -285,14 +285,21 @@ void check_output_folder(const std::string& path, const char* flag) {
 }
 
 /// --checkpoint-dir made (or found) before any stage: a path that is a file, or a folder that
-/// cannot be created, is refused up front. Throws Error(Io).
-void prepare_checkpoint_dir(const GenerateParams& p) {
-    if (p.checkpoint_dir.empty()) return;
+/// cannot be created, is refused up front; so is a folder another easel process is writing
+/// checkpoints into (an exclusive lock on <dir>/.easel.lock, held by the returned object for the
+/// whole job and released by the OS if the process dies). Throws Error(Io).
+[[nodiscard]] std::optional<platform::FileLock> prepare_checkpoint_dir(const GenerateParams& p) {
+    if (p.checkpoint_dir.empty()) return std::nullopt;
     std::error_code ec;
-    if (fs::exists(p.checkpoint_dir, ec) && !fs::is_directory(p.checkpoint_dir, ec))
+    if (fs::exists(platform::u8path(p.checkpoint_dir), ec) && !fs::is_directory(platform::u8path(p.checkpoint_dir), ec))
         fail(ErrorKind::Io, "--checkpoint-dir {}: exists and is not a folder; pass a folder path", p.checkpoint_dir);
-    fs::create_directories(p.checkpoint_dir, ec);
-    if (!fs::is_directory(p.checkpoint_dir, ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+    fs::create_directories(platform::u8path(p.checkpoint_dir), ec);
+    if (!fs::is_directory(platform::u8path(p.checkpoint_dir), ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+    auto lock = platform::FileLock::try_lock(platform::u8path(p.checkpoint_dir) / ".easel.lock");
+    if (!lock)
+        fail(ErrorKind::Io, "--checkpoint-dir {}: another easel process is writing checkpoints there; wait for it to end or give another folder",
+             p.checkpoint_dir);
+    return lock;
 }
 
 /// --resume / --resume-step checked once the step count is known (after the family's defaults),
@@ -302,7 +309,7 @@ void check_resume(const GenerateParams& p) {
     if (p.resume_step >= 0 && p.resume_step > p.steps)
         fail(ErrorKind::InvalidInput, "--resume-step {} is past --steps {}: pass a step from 0 to {}", p.resume_step, p.steps, p.steps);
     if (!p.resume && p.resume_step < 0) return;
-    if (find_checkpoint(p.checkpoint_dir, 0, p.resume ? -1 : p.resume_step)) return;
+    if (find_checkpoint(platform::u8path(p.checkpoint_dir), 0, p.resume ? -1 : p.resume_step)) return;
     if (p.resume_step >= 0)
         fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, platform::path_utf8(checkpoint_path("", 0, p.resume_step)),
              p.checkpoint_dir);
@@ -394,7 +401,7 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     const GenerateParams& p = s.p;
     const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
     if (!p.load_embeddings.empty()) {
-        Artifact a = read_artifact(p.load_embeddings, ArtifactKind::Conditioning);
+        Artifact a = read_artifact(platform::u8path(p.load_embeddings), ArtifactKind::Conditioning);
         PromptConditioning c = conditioning_from_artifact(a, p.load_embeddings);
         if (c.family != family_base_name(fam.name()))
             fail(ErrorKind::ModelMismatch, "--load-embeddings {}: made by a {} text encoder, this model is {}", p.load_embeddings, c.family,
@@ -503,7 +510,7 @@ DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H) {
 std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const nlohmann::json& job, const sampling::Schedule& sched) {
     const GenerateParams& p = s.p;
     if (!p.resume && p.resume_step < 0) return std::nullopt;
-    auto path = find_checkpoint(p.checkpoint_dir, b, p.resume ? -1 : p.resume_step);
+    auto path = find_checkpoint(platform::u8path(p.checkpoint_dir), b, p.resume ? -1 : p.resume_step);
     if (!path) {
         if (p.resume_step >= 0)
             fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
@@ -528,8 +535,8 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
     const bool ckpt = !p.checkpoint_dir.empty();
     if (ckpt) {
         std::error_code ec;
-        fs::create_directories(p.checkpoint_dir, ec);
-        if (!fs::is_directory(p.checkpoint_dir, ec))
+        fs::create_directories(platform::u8path(p.checkpoint_dir), ec);
+        if (!fs::is_directory(platform::u8path(p.checkpoint_dir), ec))
             fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
         fp = model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint);
     }
@@ -543,7 +550,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
         DenoiseControl ctl;
         ctl.image = b;
         if (ckpt) {
-            ctl.checkpoint_dir = p.checkpoint_dir;
+            ctl.checkpoint_dir = platform::u8path(p.checkpoint_dir);
             ctl.job = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
             ctl.resume = resume_state(s, b, ctl.job, job_schedule(fam, job, has_init));
         }
@@ -555,7 +562,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
             nlohmann::json pj = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
             pj["infotext"] = infotext_for(s, cond, img_seed, W, H, has_init);
             const auto lf = fam.latent_format();
-            write_artifact(batch_output_path(p.save_latent, b, p.batch_count),
+            write_artifact(platform::u8path(batch_output_path(p.save_latent, b, p.batch_count)),
                            latent_artifact(r.latent, lf.channels, H / lf.spatial_factor, W / lf.spatial_factor, fam, pj));
         }
         out.push_back(std::move(r.latent));
@@ -596,11 +603,11 @@ void log_peaks_after_encode(const models::Family& fam) {
 EncodeSizes encode_image_sizes(const GenerateParams& p) {
     EncodeSizes r;
     if (!p.init_img.empty()) {
-        const Image im = load_image(p.init_img, 3);
+        const Image im = load_image(platform::u8path(p.init_img), 3);
         r.init.push_back({im.height, im.width});
     }
     for (const auto& f : p.ref_images) {
-        const Image im = load_image(f, 3);
+        const Image im = load_image(platform::u8path(f), 3);
         r.references.push_back({im.height, im.width});
     }
     return r;
@@ -676,22 +683,22 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     // Output folders must exist before hours of work.
     warn_output_pattern(p.output);
     for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
-    prepare_checkpoint_dir(p);
+    const auto checkpoint_lock = prepare_checkpoint_dir(p);
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
 
     // Init image and mask (read before loading the model: a bad file fails fast).
     std::optional<Image> init, mask;
-    if (!p.init_img.empty()) init = load_image(p.init_img, 3);
+    if (!p.init_img.empty()) init = load_image(platform::u8path(p.init_img), 3);
     if (!p.mask.empty()) {
-        mask = load_image(p.mask, 1);
+        mask = load_image(platform::u8path(p.mask), 1);
         if (mask->width != init->width || mask->height != init->height)
             fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init image is {}x{}: they must be the same size", p.mask,
                  mask->width, mask->height, init->width, init->height);
     }
     std::vector<Image> refs;  // -r: reference images of edit models
-    for (const auto& r : p.ref_images) refs.push_back(load_image(r, 3));
+    for (const auto& r : p.ref_images) refs.push_back(load_image(platform::u8path(r), 3));
     if (init) s.encode_sizes.push_back({init->height, init->width});  // the encode stage's plan
     for (const Image& r : refs) s.reference_sizes.push_back({r.height, r.width});
     rep.seed = s.seed;
@@ -710,7 +717,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fail(ErrorKind::InvalidInput, "this is an in-painting model: pass --mask MASK with -i IMAGE (white = repaint)");
 
     std::optional<LoadedLatent> init_lat;
-    if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+    if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
 
     const int f = fam->latent_format().spatial_factor;
     int W = p.width, H = p.height;
@@ -758,7 +765,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     t0 = Clock::now();
     PromptConditioning cond = obtain_conditioning(*fam, s, cfg, cachep, &rep);
     rep.te_s = since(t0);
-    if (!p.save_embeddings.empty()) write_artifact(p.save_embeddings, conditioning_artifact(cond));
+    if (!p.save_embeddings.empty()) write_artifact(platform::u8path(p.save_embeddings), conditioning_artifact(cond));
     log::info("model: {}", fam->describe());
 
     // Stage 2: init image (img2img / inpainting).
@@ -839,7 +846,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count);
-        save_png(path, out, texts);
+        save_png(platform::u8path(path), out, texts);
         rep.outputs.push_back(path);
     }
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
@@ -890,7 +897,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         c.model_fingerprint = model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint);
         log_stage("encode-prompt", *fam, {Module::Te}, meter);
         fam->unload(Module::Te);
-        write_artifact(p.save_embeddings, conditioning_artifact(c));
+        write_artifact(platform::u8path(p.save_embeddings), conditioning_artifact(c));
         written.push_back(p.save_embeddings);
         break;
     }
@@ -898,7 +905,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.init_img, "-i IMAGE");
         need(p.save_latent, "--save-latent FILE");
         check_output_folder(p.save_latent, "--save-latent");
-        Image img = load_image(p.init_img, 3);
+        Image img = load_image(platform::u8path(p.init_img), 3);
         s.encode_sizes.push_back({img.height, img.width});  // the encode stage's plan
         auto fam = open_model(s);
         const int f = fam->latent_format().spatial_factor;
@@ -920,7 +927,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
                              {"model_fingerprint", model_fingerprint(fam->module_files(Module::VaeEncoder), p.full_fingerprint)}};
         fam->unload(Module::VaeEncoder);
         log_peaks_after_encode(*fam);
-        write_artifact(p.save_latent, posterior_artifact(d, *fam, pj));
+        write_artifact(platform::u8path(p.save_latent), posterior_artifact(d, *fam, pj));
         written.push_back(p.save_latent);
         break;
     }
@@ -932,11 +939,11 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (!p.ref_images.empty())
             fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
         check_output_folder(p.save_latent, "--save-latent");
-        prepare_checkpoint_dir(p);
+        const auto checkpoint_lock = prepare_checkpoint_dir(p);
         auto fam = open_model(s);
         check_resume(p);
         std::optional<LoadedLatent> init_lat;
-        if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+        if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
         if (fam->diffusion_in_channels() != fam->latent_format().channels)
             fail(ErrorKind::Unsupported, "this is an in-painting model; run it with `easel generate -i IMAGE --mask MASK`");
         const int f = fam->latent_format().spatial_factor;
@@ -963,14 +970,14 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
         check_output_folder(p.output, "-o");
         auto fam = open_model(s);
-        LoadedLatent z = load_latent(p.load_latent, *fam);
+        LoadedLatent z = load_latent(platform::u8path(p.load_latent), *fam);
         if (z.space != "diffusion")
             fail(ErrorKind::InvalidInput, "--load-latent {}: holds an image's posterior (from encode-image), not a denoised latent; decode "
                  "the output of `easel denoise`", p.load_latent);
         const int f = fam->latent_format().spatial_factor;
         std::string infotext;
         {
-            Artifact a = read_artifact(p.load_latent, ArtifactKind::Latent);
+            Artifact a = read_artifact(platform::u8path(p.load_latent), ArtifactKind::Latent);
             try {
                 auto pj = nlohmann::json::parse(a.at("params"));
                 if (pj.contains("infotext") && pj["infotext"].is_string()) infotext = pj["infotext"].get<std::string>();
@@ -984,7 +991,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         log_peaks_after_decode(*fam);
         std::vector<PngTextEntry> texts;
         if (!infotext.empty()) texts.push_back({"parameters", infotext});
-        save_png(p.output, out, texts);
+        save_png(platform::u8path(p.output), out, texts);
         written.push_back(p.output);
         break;
     }

@@ -102,7 +102,7 @@ std::vector<DeviceInfo> list_devices() {
             if (colon != std::string::npos && !g_rpc_answered.count(ep)) {
                 std::string host = ep.substr(0, colon);
                 if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-                reachable = tcp_reachable(host, ep.substr(colon + 1));
+                reachable = platform::tcp_reachable(host, ep.substr(colon + 1), 2000);
                 if (reachable) g_rpc_answered.insert(ep);
             }
         }
