@@ -79,7 +79,8 @@ if [ ! -x "$linux_easel" ]; then
 fi
 
 # --- Wine
-export WINEPREFIX="$bw/wineprefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" WINEARCH=win64
+# LC_ALL: Wine converts the command line from the Unix locale's charset: UTF-8, whatever CI has
+export WINEPREFIX="$bw/wineprefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" WINEARCH=win64 LC_ALL=C.UTF-8
 WINE="$(command -v wine64 || command -v wine || true)"
 [ -x /usr/lib/wine/wine64 ] && WINE=/usr/lib/wine/wine64
 [ -n "$WINE" ] || fail "wine is not installed"
@@ -94,7 +95,8 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 # --version, devices
-weasel --version | tr -d '\r' | grep -q '^easel ' || fail "easel.exe --version printed no version"
+weasel --version > "$tmp/version.txt" 2>&1 || fail "easel.exe --version failed: $(cat "$tmp/version.txt")"
+grep -q '^easel ' "$tmp/version.txt" || fail "easel.exe --version printed no version: $(cat "$tmp/version.txt")"
 weasel devices > "$tmp/devices.txt" 2>&1 || fail "easel.exe devices failed: $(cat "$tmp/devices.txt")"
 grep -qi 'cpu' "$tmp/devices.txt" || fail "easel.exe devices lists no CPU: $(cat "$tmp/devices.txt")"
 echo "test-windows: easel devices under Wine: $(tr -d '\r' < "$tmp/devices.txt" | grep -i cpu | head -1)"
