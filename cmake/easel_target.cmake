@@ -5,8 +5,12 @@
 #    full speed and its own undefined behaviour is not ours to report);
 #  * EASEL_FUZZ: libFuzzer's coverage instrumentation (-fsanitize=fuzzer-no-link) on top, so the
 #    fuzz targets (tests/fuzz) link the same library objects as the tests of this build.
-set(EASEL_WARNING_FLAGS -Wall -Wextra -Wno-unused-parameter)
-if(EASEL_WERROR)
+if(MSVC)
+  set(EASEL_WARNING_FLAGS /W3)
+else()
+  set(EASEL_WARNING_FLAGS -Wall -Wextra -Wno-unused-parameter)
+endif()
+if(EASEL_WERROR AND NOT MSVC)
   list(APPEND EASEL_WARNING_FLAGS -Werror)
 endif()
 set(EASEL_SANITIZER_COMPILE_FLAGS "")

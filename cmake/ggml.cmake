@@ -75,6 +75,11 @@ else()
   # ggml is third-party code: keep our sanitizer flags and warnings off it
   add_subdirectory("${_ggml_dir}" "${CMAKE_BINARY_DIR}/ggml" EXCLUDE_FROM_ALL SYSTEM)
   target_link_libraries(easel_ggml INTERFACE ggml ggml-base)
+  if(MINGW)
+    # Debian 12's MinGW-w64 headers lack a Windows 11 declaration ggml-cpu.c uses (cmake/mingw-compat.h)
+    set_source_files_properties("${_ggml_dir}/src/ggml-cpu/ggml-cpu.c" TARGET_DIRECTORY ggml-cpu
+      PROPERTIES COMPILE_OPTIONS "-include;${PROJECT_SOURCE_DIR}/cmake/mingw-compat.h")
+  endif()
   file(READ "${PROJECT_SOURCE_DIR}/third_party/ggml/.easel-ggml-commit" EASEL_GGML_COMMIT)
   string(STRIP "${EASEL_GGML_COMMIT}" EASEL_GGML_COMMIT)
 endif()

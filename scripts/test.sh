@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test (CI's command, .ci/run):
 #  1. scripts/setup.sh: packages, the pinned ggml, the release build (gcc) in build/;
-#  2. ctest on it; then scripts/check_skips.py: the count and names of skipped tests, and a
+#  2. the Windows cross-build and its smoke test under Wine (scripts/test-windows.sh;
+#     EASEL_SKIP_WINDOWS=1 leaves it out);
+#  3. ctest on it; then scripts/check_skips.py: the count and names of skipped tests, and a
 #     failure when a test skipped for any reason but a missing GPU;
-#  3. scripts/sanitize.sh: the clang build with AddressSanitizer + UBSan and the libFuzzer targets
+#  4. scripts/sanitize.sh: the clang build with AddressSanitizer + UBSan and the libFuzzer targets
 #     (build-sanitize/), the unit tests and the bad-input command tests under the sanitizers;
-#  4. scripts/fuzz.sh --ci: every fuzz target replays its regression set, then runs for a bounded
+#  5. scripts/fuzz.sh --ci: every fuzz target replays its regression set, then runs for a bounded
 #     time from its seed corpus.
-# Extra arguments go to the first ctest (e.g. -R Stages) and skip steps 3-4; EASEL_SKIP_SANITIZE=1
+# Extra arguments go to the first ctest (e.g. -R Stages) and skip steps 2, 4 and 5; EASEL_SKIP_SANITIZE=1
 # skips them too. Prints each step's wall time.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,6 +26,9 @@ step() {  # step NAME COMMAND...: runs it, records its time, and its failure in 
 
 step build scripts/setup.sh
 [ "$rc" -eq 0 ] || { echo "test.sh: the build failed"; exit 1; }
+if [ $# -eq 0 ] && [ "${EASEL_SKIP_WINDOWS:-0}" != "1" ]; then
+  step "windows cross-build" env EASEL_LINUX_EASEL="$build/bin/easel" scripts/test-windows.sh
+fi
 junit="$root/$build/ctest-junit.xml"
 step tests ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-junit "$junit" "$@"
 python3 scripts/check_skips.py "$junit" || rc=1

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "core/strings.h"
 #include "models/family.h"
 #include "pipeline/cache.h"
@@ -46,22 +47,15 @@ std::array<bool, placement::kModuleCount> named_modules(const std::string& value
     return out;
 }
 
-/// MemAvailable of /proc/meminfo in bytes (0 when unknown).
-uint64_t host_available() {
-    std::ifstream f("/proc/meminfo");
-    std::string k;
-    uint64_t v = 0;
-    std::string unit;
-    while (f >> k >> v >> unit)
-        if (k == "MemAvailable:") return v * 1024;
-    return 0;
-}
+/// Memory available to new allocations in bytes (platform::available_memory_bytes; 0 when unknown).
+uint64_t host_available() { return platform::available_memory_bytes(); }
 
 std::string file_stamp(const std::string& path) {
     std::error_code ec;
     if (path.empty()) return "";
-    auto sz = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
-    auto t = std::filesystem::last_write_time(path, ec);
+    const std::filesystem::path f = platform::u8path(path);
+    auto sz = std::filesystem::is_regular_file(f, ec) ? std::filesystem::file_size(f, ec) : 0;
+    auto t = std::filesystem::last_write_time(f, ec);
     return fmt::format("{}:{}:{}", path, sz, ec ? 0 : (long long)t.time_since_epoch().count());
 }
 
@@ -104,7 +98,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     // generate takes an init image's size (-i) for the job
     int W0 = enc.init.empty() ? p.width : (int)enc.init[0].second, H0 = enc.init.empty() ? p.height : (int)enc.init[0].first;
     if (!p.load_latent.empty()) {  // ... and a --load-latent latent's (in cells)
-        const pipeline::LoadedLatent z = pipeline::load_latent(p.load_latent, *fam);
+        const pipeline::LoadedLatent z = pipeline::load_latent(platform::u8path(p.load_latent), *fam);
         W0 = (int)z.w * f;
         H0 = (int)z.h * f;
     }
@@ -126,7 +120,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
 
     // measurements are cached under the cache dir (--no-cache: measured every time)
     std::filesystem::path cache_dir;
-    if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : std::filesystem::path(p.cache_dir);
+    if (!p.no_cache) cache_dir = p.cache_dir.empty() ? pipeline::default_cache_dir() : platform::u8path(p.cache_dir);
 
     // devices: budgets as the runtime resolves them, the CPU's = available host RAM; speeds
     // measured (EASEL_AUTOFIT_BENCH=0: the cost model's defaults)
@@ -265,7 +259,7 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     int hits = 0, misses = 0;
     for (auto& c : caches) hits += c->hits(), misses += c->misses();
     fit.reasons.push_back(fmt::format("compute buffers: {} measured with ggml's graph allocator, {} answered from the cache (the file, or an earlier measurement of this plan){}", misses, hits,
-                                      cache_dir.empty() ? " (--no-cache)" : " (" + (cache_dir / "autofit").string() + ")"));
+                                      cache_dir.empty() ? " (--no-cache)" : " (" + platform::path_utf8(cache_dir / "autofit") + ")"));
     return fit;
 }
 

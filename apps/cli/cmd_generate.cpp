@@ -5,10 +5,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "pipeline/generate.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cstdio>
 
@@ -40,7 +40,7 @@ EASEL_COMMAND(
             // flags left out take the model family's defaults (steps, CFG scale)
             p->steps_given = sub.count("--steps") > 0;
             p->cfg_scale_given = sub.count("--cfg-scale") > 0;
-            const bool tty = isatty(fileno(stderr));
+            const bool tty = platform::is_terminal(stderr);
             auto t_last = std::chrono::steady_clock::now();
             double sum = 0;
             int count = 0;

@@ -1,5 +1,6 @@
 // `easel inspect FILE...`: what a weight file (or folder) holds.
 #include "command.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "io/detect.h"
@@ -175,20 +176,21 @@ EASEL_COMMAND(
             for (auto& f : o->files) {
                 try {
                     std::vector<std::pair<std::string, std::filesystem::path>> targets;
-                    if (is_pipeline_folder(f)) {
-                        for (auto& c : list_pipeline_components(f)) {
+                    const std::filesystem::path fp = platform::u8path(f);
+                    if (is_pipeline_folder(fp)) {
+                        for (auto& c : list_pipeline_components(fp)) {
                             std::error_code ec;
                             if (!std::filesystem::is_directory(c.folder, ec)) continue;
                             bool has_weights = false;
                             for (auto& e : std::filesystem::directory_iterator(c.folder, ec)) {
-                                const auto n = e.path().filename().string();
+                                const auto n = platform::path_utf8(e.path().filename());
                                 if (n.find(".safetensors") != std::string::npos || n.find(".gguf") != std::string::npos) has_weights = true;
                             }
-                            if (has_weights) targets.emplace_back(c.folder.string() + " (" + c.name + ": " + c.class_name + ")", c.folder);
+                            if (has_weights) targets.emplace_back(platform::path_utf8(c.folder) + " (" + c.name + ": " + c.class_name + ")", c.folder);
                         }
                         if (targets.empty()) fail(ErrorKind::InvalidInput, "'{}': pipeline folder without weight files", f);
                     } else {
-                        targets.emplace_back(f, f);
+                        targets.emplace_back(f, fp);
                     }
                     for (auto& [label, p] : targets) {
                         auto wi = WeightIndex::open(p);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "models/family.h"
 #include "pipeline/generate.h"
 #include "pipeline/memory_check.h"
@@ -81,7 +82,7 @@ EASEL_COMMAND(
             // generate takes an init image's size (-i) for the job
             int W0 = enc.init.empty() ? p->width : (int)enc.init[0].second, H0 = enc.init.empty() ? p->height : (int)enc.init[0].first;
             if (!p->load_latent.empty()) {  // ... and a --load-latent latent's
-                const pipeline::LoadedLatent z = pipeline::load_latent(p->load_latent, *fam);
+                const pipeline::LoadedLatent z = pipeline::load_latent(platform::u8path(p->load_latent), *fam);
                 W0 = (int)z.w * f;
                 H0 = (int)z.h * f;
             }

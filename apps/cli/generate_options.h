@@ -113,7 +113,7 @@ inline void add_stage_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_flag("--resume", p.resume, "Continue from the latest checkpoint in --checkpoint-dir")->group(g);
     app.add_option("--resume-step", p.resume_step, "Continue from the checkpoint written after step N")->check(CLI::NonNegativeNumber)->group(g);
     app.add_flag("--full-fingerprint", p.full_fingerprint, "Fingerprint model files by hashing every byte (default: size, mtime, sampled chunks)")->group(g);
-    app.add_option("--cache-dir", p.cache_dir, "Artifact cache folder (default $XDG_CACHE_HOME/easel or ~/.cache/easel)")->group(g);
+    app.add_option("--cache-dir", p.cache_dir, "Artifact cache folder (default $XDG_CACHE_HOME/easel or ~/.cache/easel; Windows %LOCALAPPDATA%\\easel\\cache)")->group(g);
     app.add_flag("--no-cache", p.no_cache, "Neither read nor write the artifact cache")->group(g);
     app.add_option("--cache-max-mib", p.cache_max_mib, "Cache size cap in MiB; least recently used entries are evicted (default 2048)")->group(g);
 }

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "easel_version.h"
 #include "placement/devices.h"
 
@@ -96,6 +97,7 @@ void ggml_abort_line(const char* message) {
 
 int main(int argc, char** argv) {
     using namespace easel;
+    platform::init_console();
     ggml_log_set(quiet_ggml_log, nullptr);
     ggml_set_abort_callback(ggml_abort_line);
 #ifndef _WIN32
@@ -125,7 +127,9 @@ int main(int argc, char** argv) {
     }
 
     // sd-cli compatibility: `easel -m model -p prompt ...` (no subcommand) means `easel generate ...`.
-    std::vector<std::string> args(argv + 1, argv + argc);
+    // UTF-8 on every platform (Windows: read as UTF-16 and converted, platform::utf8_args)
+    std::vector<std::string> args = platform::utf8_args(argc, argv);
+    if (!args.empty()) args.erase(args.begin());
     {
         static const std::set<std::string> top_only{"-h", "--help", "--version", "--list-devices", "-v", "--verbose", "--color"};
         bool has_sub = false, has_other = false;

@@ -1,21 +1,24 @@
-// Read-only memory mapping of a whole file (POSIX mmap), or an owned in-memory copy.
+// Read-only memory mapping of a whole file (platform::FileMapping: mmap / MapViewOfFile), or an
+// owned in-memory copy.
 // Internal to src/io.
 #pragma once
 
+#include "core/platform.h"
+
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <vector>
 
 namespace easel::io {
 
-/// A read-only byte range backed by mmap (files) or by an owned vector (open_memory()).
+/// A read-only byte range backed by a file mapping (files) or by an owned vector (open_memory()).
 /// Errors: open() throws Error(Io) naming the file and the OS reason when it cannot be opened,
 /// stat'ed or mapped. An empty file is mapped as an empty span (no error here).
 class MappedFile {
 public:
     MappedFile() = default;
-    ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
 
@@ -31,7 +34,7 @@ public:
 private:
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
-    void* map_ = nullptr;  // mmap base when mapped
+    platform::FileMapping map_;  // the mapping when mapped
     std::vector<uint8_t> owned_;
 };
 

@@ -1,5 +1,6 @@
 // WeightIndex: opening files/folders/shard indexes, data access and dtype conversion on load.
 #include "io/weight_index.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "core/log.h"
@@ -56,7 +57,7 @@ struct WeightIndex::Impl {
         if (map->size() == 0) fail(ErrorKind::InvalidInput, "'{}' is empty (0 bytes): not a weight file", label);
         ParsedFile pf;
         const auto sp = map->span();
-        const std::string ext = path.extension().string();
+        const std::string ext = platform::path_utf8(path.extension());
         const bool gguf_magic = sp.size() >= 4 && std::memcmp(sp.data(), "GGUF", 4) == 0;
         const bool st_like = sp.size() >= 9 && sp[8] == '{';
         if (gguf_magic || ext == ".gguf") pf = detail::parse_gguf(sp, label);
@@ -71,7 +72,7 @@ struct WeightIndex::Impl {
         for (auto& t : pf.tensors)
             if (by_name.count(t.name))
                 fail(ErrorKind::InvalidInput, "tensor '{}' of '{}' is also in '{}': a tensor name may appear only once", t.name,
-                     label, files[tensors[by_name[t.name]].file].path.string());
+                     label, platform::path_utf8(files[tensors[by_name[t.name]].file].path));
         files.push_back(WeightFile{path, pf.format, map->size()});
         maps.push_back(std::move(map));
         tensors.reserve(tensors.size() + pf.tensors.size());
@@ -90,7 +91,7 @@ namespace {
 // limit; errors name the file.
 nlohmann::json read_json_file(const fs::path& p, uint64_t max_bytes = 64ull << 20) {
     auto m = MappedFile::open(p);
-    if (m->size() > max_bytes) fail(ErrorKind::InvalidInput, "'{}' is larger than {} bytes: not a config/index file", p.string(), max_bytes);
+    if (m->size() > max_bytes) fail(ErrorKind::InvalidInput, "'{}' is larger than {} bytes: not a config/index file", platform::path_utf8(p), max_bytes);
     int depth = 0, maxd = 0;
     bool in_str = false, esc = false;
     for (uint8_t c : m->span()) {
@@ -102,11 +103,11 @@ nlohmann::json read_json_file(const fs::path& p, uint64_t max_bytes = 64ull << 2
         else if (c == '{' || c == '[') maxd = std::max(maxd, ++depth);
         else if (c == '}' || c == ']') --depth;
     }
-    if (maxd > 64) fail(ErrorKind::InvalidInput, "'{}': JSON nested deeper than 64 levels", p.string());
+    if (maxd > 64) fail(ErrorKind::InvalidInput, "'{}': JSON nested deeper than 64 levels", platform::path_utf8(p));
     try {
         return nlohmann::json::parse(m->data(), m->data() + m->size());
     } catch (const nlohmann::json::exception& e) {
-        fail(ErrorKind::InvalidInput, "'{}' is not valid JSON ({})", p.string(), e.what());
+        fail(ErrorKind::InvalidInput, "'{}' is not valid JSON ({})", platform::path_utf8(p), e.what());
     }
 }
 
@@ -117,23 +118,23 @@ bool ends_with(const std::string& s, const std::string& suf) {
 void open_index_json(WeightIndex& wi, std::map<std::string, MetaValue>& meta, const fs::path& index_path) {
     nlohmann::json j = read_json_file(index_path);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-        fail(ErrorKind::InvalidInput, "'{}' has no \"weight_map\" object: not a safetensors shard index", index_path.string());
+        fail(ErrorKind::InvalidInput, "'{}' has no \"weight_map\" object: not a safetensors shard index", platform::path_utf8(index_path));
     std::vector<std::string> shards;
     std::set<std::string> seen;
     for (auto& [name, file] : j["weight_map"].items()) {
         if (!file.is_string())
-            fail(ErrorKind::InvalidInput, "'{}': weight_map entry '{}' is not a file name", index_path.string(), name);
+            fail(ErrorKind::InvalidInput, "'{}': weight_map entry '{}' is not a file name", platform::path_utf8(index_path), name);
         std::string f = file.get<std::string>();
-        fs::path fp(f);
+        const fs::path fp = platform::u8path(f);
         if (f.empty() || fp.is_absolute() || f.find("..") != std::string::npos)
-            fail(ErrorKind::InvalidInput, "'{}': shard name '{}' must be a plain file name beside the index", index_path.string(), f);
+            fail(ErrorKind::InvalidInput, "'{}': shard name '{}' must be a plain file name beside the index", platform::path_utf8(index_path), f);
         if (seen.insert(f).second) shards.push_back(f);
     }
-    for (auto& f : shards) wi.add_file(index_path.parent_path() / f);
+    for (auto& f : shards) wi.add_file(index_path.parent_path() / platform::u8path(f));
     for (auto& [name, file] : j["weight_map"].items()) {
         const TensorInfo* t = wi.find(name);
         if (!t)
-            fail(ErrorKind::InvalidInput, "'{}' lists tensor '{}' in '{}', but that shard does not hold it", index_path.string(), name,
+            fail(ErrorKind::InvalidInput, "'{}' lists tensor '{}' in '{}', but that shard does not hold it", platform::path_utf8(index_path), name,
                  file.get<std::string>());
     }
     if (j.contains("metadata") && j["metadata"].is_object())
@@ -154,14 +155,14 @@ fs::path pick_in_folder(const fs::path& dir) {
     std::vector<std::string> names;
     std::error_code ec;
     for (auto& e : fs::directory_iterator(dir, ec))
-        if (e.is_regular_file(ec)) names.push_back(e.path().filename().string());
-    if (ec) fail(ErrorKind::Io, "cannot list folder '{}': {}", dir.string(), ec.message());
+        if (e.is_regular_file(ec)) names.push_back(platform::path_utf8(e.path().filename()));
+    if (ec) fail(ErrorKind::Io, "cannot list folder '{}': {}", platform::path_utf8(dir), ec.message());
     std::sort(names.begin(), names.end());
     auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
     for (const char* base : {"diffusion_pytorch_model", "model"}) {
         std::string b = base;
-        if (has(b + ".safetensors.index.json")) return dir / (b + ".safetensors.index.json");
-        if (has(b + ".safetensors")) return dir / (b + ".safetensors");
+        if (has(b + ".safetensors.index.json")) return dir / platform::u8path(b + ".safetensors.index.json");
+        if (has(b + ".safetensors")) return dir / platform::u8path(b + ".safetensors");
     }
     // Variants (diffusion_pytorch_model.fp16.safetensors): prefer fp16, then any.
     for (const char* base : {"diffusion_pytorch_model", "model"}) {
@@ -171,23 +172,23 @@ fs::path pick_in_folder(const fs::path& dir) {
             if (n.rfind(b, 0) == 0 && (ends_with(n, ".safetensors") || ends_with(n, ".safetensors.index.json"))) cands.push_back(n);
         if (cands.empty()) continue;
         for (auto& c : cands)
-            if (c == b + "fp16.safetensors.index.json" || c == b + "fp16.safetensors") return dir / c;
+            if (c == b + "fp16.safetensors.index.json" || c == b + "fp16.safetensors") return dir / platform::u8path(c);
         for (auto& c : cands)
-            if (ends_with(c, ".index.json")) return dir / c;
-        return dir / cands.front();
+            if (ends_with(c, ".index.json")) return dir / platform::u8path(c);
+        return dir / platform::u8path(cands.front());
     }
     std::vector<std::string> any;
     for (auto& n : names)
         if (ends_with(n, ".safetensors") || ends_with(n, ".gguf") || ends_with(n, ".safetensors.index.json")) any.push_back(n);
-    if (any.size() == 1) return dir / any.front();
+    if (any.size() == 1) return dir / platform::u8path(any.front());
     if (has("model_index.json"))
         fail(ErrorKind::InvalidInput,
-             "'{}' is a diffusers pipeline folder: give one component's subfolder (e.g. '{}/unet' or '{}/transformer')", dir.string(),
-             dir.string(), dir.string());
+             "'{}' is a diffusers pipeline folder: give one component's subfolder (e.g. '{}/unet' or '{}/transformer')", platform::path_utf8(dir),
+             platform::path_utf8(dir), platform::path_utf8(dir));
     if (any.empty())
         fail(ErrorKind::InvalidInput, "no weight file in folder '{}' (looked for diffusion_pytorch_model*.safetensors, model*.safetensors)",
-             dir.string());
-    fail(ErrorKind::InvalidInput, "folder '{}' holds {} weight files and no shard index: give the file to open", dir.string(), any.size());
+             platform::path_utf8(dir));
+    fail(ErrorKind::InvalidInput, "folder '{}' holds {} weight files and no shard index: give the file to open", platform::path_utf8(dir), any.size());
 }
 
 }  // namespace
@@ -200,13 +201,13 @@ WeightIndex& WeightIndex::operator=(WeightIndex&&) noexcept = default;
 WeightIndex WeightIndex::open(const fs::path& path) {
     WeightIndex wi;
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "'{}' does not exist", path.string());
+    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "'{}' does not exist", platform::path_utf8(path));
     fs::path target = path;
     bool folder = fs::is_directory(path, ec);
     if (folder) target = pick_in_folder(path);
-    if (ends_with(target.filename().string(), ".index.json")) open_index_json(wi, wi.impl_->metadata, target);
+    if (ends_with(platform::path_utf8(target.filename()), ".index.json")) open_index_json(wi, wi.impl_->metadata, target);
     else wi.add_file(target);
-    if (folder || ends_with(target.filename().string(), ".index.json")) {
+    if (folder || ends_with(platform::path_utf8(target.filename()), ".index.json")) {
         fs::path cfg = target.parent_path() / "config.json";
         if (fs::is_regular_file(cfg, ec)) wi.impl_->config = std::make_unique<nlohmann::json>(read_json_file(cfg));
     }
@@ -215,14 +216,14 @@ WeightIndex WeightIndex::open(const fs::path& path) {
 
 WeightIndex WeightIndex::open_memory(std::span<const uint8_t> bytes, const std::string& name) {
     WeightIndex wi;
-    wi.impl_->add(name, fs::path(name), MappedFile::from_memory(bytes));
+    wi.impl_->add(name, platform::u8path(name), MappedFile::from_memory(bytes));
     return wi;
 }
 
 void WeightIndex::add_file(const fs::path& path) {
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "'{}' does not exist", path.string());
-    impl_->add(path.string(), path, MappedFile::open(path));
+    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "'{}' does not exist", platform::path_utf8(path));
+    impl_->add(platform::path_utf8(path), path, MappedFile::open(path));
 }
 
 const std::vector<WeightFile>& WeightIndex::files() const { return impl_->files; }

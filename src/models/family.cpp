@@ -1,4 +1,5 @@
 #include "models/family.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "io/detect.h"
@@ -58,12 +59,13 @@ const std::vector<FamilyEntry>& family_table() {
 
 /// The file or folder holding the diffusion model and the flag that named it.
 std::pair<fs::path, std::string> diffusion_source(const ModelFiles& files) {
-    if (!files.diffusion_model.empty()) return {files.diffusion_model, "--diffusion-model"};
-    if (io::is_pipeline_folder(files.model)) {
-        for (auto& c : io::list_pipeline_components(files.model))
+    if (!files.diffusion_model.empty()) return {platform::u8path(files.diffusion_model), "--diffusion-model"};
+    const fs::path model = platform::u8path(files.model);
+    if (io::is_pipeline_folder(model)) {
+        for (auto& c : io::list_pipeline_components(model))
             if (c.name == "unet" || c.name == "transformer") return {c.folder, "-m"};
     }
-    return {files.model, "-m"};
+    return {model, "-m"};
 }
 
 }  // namespace
@@ -73,7 +75,7 @@ std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder) or --diffusion-model");
     auto [path, flag] = diffusion_source(files);
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path.string());
+    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, platform::path_utf8(path));
     io::Detection d;
     {
         io::WeightIndex wi = io::WeightIndex::open(path);  // headers only
@@ -89,7 +91,7 @@ std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions
     std::string found = d.family == "unknown" ? "nothing easel recognises" : d.family + (d.variant.empty() ? "" : " " + d.variant);
     fail(ErrorKind::ModelMismatch,
          "{} {}: holds {}, not a diffusion model easel runs (no SD1.x/SD2.x UNet); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
-         flag, path.string(), found);
+         flag, platform::path_utf8(path), found);
 }
 
 }  // namespace easel::models

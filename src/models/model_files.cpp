@@ -1,4 +1,5 @@
 #include "models/model_files.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "core/strings.h"
@@ -11,8 +12,9 @@ namespace fs = std::filesystem;
 
 std::unique_ptr<io::WeightIndex> open_index(const std::string& path, const std::string& flag) {
     std::error_code ec;
-    if (!fs::exists(path, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path);
-    return std::make_unique<io::WeightIndex>(io::WeightIndex::open(path));
+    const fs::path p = platform::u8path(path);
+    if (!fs::exists(p, ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path);
+    return std::make_unique<io::WeightIndex>(io::WeightIndex::open(p));
 }
 
 std::optional<nlohmann::json> read_json(const fs::path& p) {
@@ -21,7 +23,7 @@ std::optional<nlohmann::json> read_json(const fs::path& p) {
     try {
         return nlohmann::json::parse(f);
     } catch (const std::exception& e) {
-        fail(ErrorKind::InvalidInput, "{}: not valid JSON ({})", p.string(), e.what());
+        fail(ErrorKind::InvalidInput, "{}: not valid JSON ({})", platform::path_utf8(p), e.what());
     }
 }
 

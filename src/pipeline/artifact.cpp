@@ -1,19 +1,16 @@
 #include "pipeline/artifact.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "easel_version.h"
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 
 namespace easel::pipeline {
 
@@ -100,21 +97,6 @@ std::string hash_with_meta(const std::map<std::string, std::string>& meta, const
     return r;
 }
 
-void write_all(int fd, const uint8_t* p, size_t n, const fs::path& tmp) {
-    while (n > 0) {
-        ssize_t w = ::write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int e = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            fail(ErrorKind::Io, "{}: write failed ({})", tmp.string(), std::strerror(e));
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
 }  // namespace
 
 const char* artifact_kind_name(ArtifactKind k) {
@@ -189,30 +171,7 @@ std::vector<uint8_t> serialize_artifact(const Artifact& a) {
 
 void write_artifact(const fs::path& path, const Artifact& a) {
     const auto bytes = serialize_artifact(a);
-    fs::path dir = path.parent_path();
-    if (dir.empty()) dir = ".";
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{}: folder {} does not exist", path.string(), dir.string());
-    std::random_device rd;
-    fs::path tmp = dir / fmt::format(".{}.tmp-{}-{:08x}", path.filename().string(), (long)getpid(), rd());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) fail(ErrorKind::Io, "{}: cannot create a temporary file in {} ({})", path.string(), dir.string(), std::strerror(errno));
-    write_all(fd, bytes.data(), bytes.size(), tmp);
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        int e = errno;
-        ::unlink(tmp.c_str());
-        fail(ErrorKind::Io, "{}: fsync failed ({})", tmp.string(), std::strerror(e));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        int e = errno;
-        ::unlink(tmp.c_str());
-        fail(ErrorKind::Io, "{}: cannot rename the temporary file into place ({})", path.string(), std::strerror(e));
-    }
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
+    platform::write_file_atomic(path, bytes);
 }
 
 Artifact parse_artifact(std::span<const uint8_t> b, ArtifactKind expected, const std::string& what) {
@@ -294,11 +253,11 @@ Artifact parse_artifact(std::span<const uint8_t> b, ArtifactKind expected, const
 
 Artifact read_artifact(const fs::path& path, ArtifactKind expected) {
     std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) fail(ErrorKind::Io, "{}: no such file", path.string());
+    if (!fs::is_regular_file(path, ec)) fail(ErrorKind::Io, "{}: no such file", platform::path_utf8(path));
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "{}: cannot open ({})", path.string(), std::strerror(errno));
+    if (!f) fail(ErrorKind::Io, "{}: cannot open ({})", platform::path_utf8(path), std::strerror(errno));
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return parse_artifact(bytes, expected, path.string());
+    return parse_artifact(bytes, expected, platform::path_utf8(path));
 }
 
 }  // namespace easel::pipeline

@@ -13,8 +13,8 @@
 //                   truncated file or an edited value is refused
 // plus what the stage adds (model, model_fingerprint, params as JSON, ...; docs/artifacts.md).
 //
-// Writes are atomic: a temporary file in the same folder, fsync, rename over the target,
-// fsync of the folder. A crash leaves either the old file or the new one, never half of one.
+// Writes are atomic (platform::write_file_atomic): a temporary file in the same folder, fsync,
+// rename over the target, fsync of the folder. A crash leaves either the old file or the new one, never half of one.
 #pragma once
 
 #include <cstdint>
@@ -78,8 +78,10 @@ std::string artifact_data_hash(const Artifact& a);
 
 /// Serialises `a` (standard metadata added, content hash computed) into safetensors bytes.
 std::vector<uint8_t> serialize_artifact(const Artifact& a);
-/// Writes `a` to `path` atomically (temp file in the same folder, fsync, rename). Throws
-/// Error(Io) when the folder does not exist or the write fails (the target is left as it was).
+/// Writes `a` to `path` atomically (platform::write_file_atomic: temp file in the same folder,
+/// fsync, rename, fsync of the folder). Throws Error(Io) with one line when the folder does not
+/// exist or the write fails (a full disk included): the target is left as it was and no
+/// temporary file remains.
 void write_artifact(const std::filesystem::path& path, const Artifact& a);
 /// Reads an artifact and checks it: a safetensors header within bounds, format
 /// "easel-artifact", kind == expected, format_version <= kArtifactFormatVersion, and the

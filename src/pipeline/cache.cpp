@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/platform.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,9 +17,8 @@ namespace easel::pipeline {
 namespace fs = std::filesystem;
 
 fs::path default_cache_dir() {
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "easel";
-    if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "easel";
-    return fs::path(".easel-cache");
+    fs::path d = platform::user_cache_dir();
+    return d.empty() ? fs::path(".easel-cache") : d;
 }
 
 std::string hash_parts(const std::vector<std::string>& parts) { return content_key(parts); }
@@ -34,7 +34,7 @@ std::string cache_key(const std::vector<std::string>& parts) {
 ArtifactCache::ArtifactCache(fs::path dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    if (ec) fail(ErrorKind::Io, "cache folder {}: cannot create it ({}); pass --cache-dir DIR or --no-cache", dir_.string(), ec.message());
+    if (ec) fail(ErrorKind::Io, "cache folder {}: cannot create it ({}); pass --cache-dir DIR or --no-cache", platform::path_utf8(dir_), ec.message());
 }
 
 fs::path ArtifactCache::path(ArtifactKind kind, const std::string& key) const {
@@ -48,11 +48,10 @@ std::optional<Artifact> ArtifactCache::get(ArtifactKind kind, const std::string&
     try {
         Artifact a = read_artifact(p, kind);
         // Mark as used: access time = now (explicitly, since relatime/noatime mounts may not).
-        struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-        ::utimensat(AT_FDCWD, p.c_str(), ts, 0);
+        platform::touch_access_time(p);
         return a;
     } catch (const Error& e) {
-        log::warn("cache entry {} refused ({}); deleting it", p.string(), e.what());
+        log::warn("cache entry {} refused ({}); deleting it", platform::path_utf8(p), e.what());
         fs::remove(p, ec);
         return std::nullopt;
     }
@@ -65,7 +64,7 @@ void ArtifactCache::put(const std::string& key, const Artifact& a) {
     try {
         write_artifact(p, a);
     } catch (const Error& e) {
-        log::warn("cache: cannot store {} ({})", p.string(), e.what());
+        log::warn("cache: cannot store {} ({})", platform::path_utf8(p), e.what());
         return;
     }
     int n = evict();
@@ -83,9 +82,9 @@ std::vector<Entry> entries(const fs::path& dir) {
     std::error_code ec;
     for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (!it->is_regular_file(ec) || it->path().extension() != ".safetensors") continue;
-        struct stat st {};
-        if (::stat(it->path().c_str(), &st) != 0) continue;
-        r.push_back({it->path(), (uint64_t)st.st_size, (int64_t)st.st_atim.tv_sec * 1000000000 + st.st_atim.tv_nsec});
+        const auto st = platform::file_info(it->path());
+        if (!st) continue;
+        r.push_back({it->path(), st->size, st->atime_ns});
     }
     return r;
 }

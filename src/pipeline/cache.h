@@ -18,7 +18,8 @@
 
 namespace easel::pipeline {
 
-/// $XDG_CACHE_HOME/easel, else $HOME/.cache/easel, else ./.easel-cache.
+/// platform::user_cache_dir() (Windows %LOCALAPPDATA%\easel\cache; elsewhere $XDG_CACHE_HOME/easel,
+/// else $HOME/.cache/easel), else ./.easel-cache.
 std::filesystem::path default_cache_dir();
 
 /// Hash of the given parts: easel::content_key (core/hash.h: xxh3-128 of their length-prefixed

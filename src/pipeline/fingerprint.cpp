@@ -1,11 +1,10 @@
 #include "pipeline/fingerprint.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 
 #include <fmt/format.h>
 #include <xxhash.h>
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,21 +19,23 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Regular files standing for `p` (itself, or a folder's files sorted), as (label, path).
-std::vector<std::pair<std::string, fs::path>> expand(const std::string& p) {
+std::vector<std::pair<std::string, fs::path>> expand(const std::string& p8) {
+    const fs::path p = platform::u8path(p8);
     std::vector<std::pair<std::string, fs::path>> r;
     std::error_code ec;
     if (fs::is_directory(p, ec)) {
         for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-            const auto name = it->path().filename().string();
+            const auto name = platform::path_utf8(it->path().filename());
             if (!name.empty() && name[0] == '.') {
                 if (it->is_directory(ec)) it.disable_recursion_pending();
                 continue;
             }
-            if (it->is_regular_file(ec)) r.emplace_back(fs::relative(it->path(), p, ec).string(), it->path());
+            // labels as '/'-separated UTF-8, so that a fingerprint is the same on every platform
+            if (it->is_regular_file(ec)) r.emplace_back(platform::path_utf8(fs::relative(it->path(), p, ec).generic_string<char8_t>()), it->path());
         }
         std::sort(r.begin(), r.end());
     } else {
-        r.emplace_back(fs::path(p).filename().string(), fs::path(p));
+        r.emplace_back(platform::path_utf8(p.filename()), p);
     }
     return r;
 }
@@ -60,17 +61,17 @@ std::string model_fingerprint(const std::vector<std::string>& paths, bool full) 
     std::vector<char> buf(1 << 20);
     for (const auto& p : paths) {
         for (auto& [label, f] : expand(p)) {
-            struct stat st {};
-            if (::stat(f.c_str(), &st) != 0) {
+            const auto st = platform::file_info(f);
+            if (!st) {
                 XXH3_freeState(s);
-                fail(ErrorKind::Io, "{}: cannot read ({})", f.string(), std::strerror(errno));
+                fail(ErrorKind::Io, "{}: cannot read ({})", platform::path_utf8(f), std::strerror(errno));
             }
             std::ifstream in(f, std::ios::binary);
             if (!in) {
                 XXH3_freeState(s);
-                fail(ErrorKind::Io, "{}: cannot open ({})", f.string(), std::strerror(errno));
+                fail(ErrorKind::Io, "{}: cannot open ({})", platform::path_utf8(f), std::strerror(errno));
             }
-            const uint64_t size = (uint64_t)st.st_size;
+            const uint64_t size = st->size;
             upd(s, label);
             XXH3_128bits_update(s, &size, sizeof size);
             auto read_at = [&](uint64_t off, uint64_t len) {
@@ -88,7 +89,7 @@ std::string model_fingerprint(const std::vector<std::string>& paths, bool full) 
             if (full || size < (4u << 20)) {
                 read_at(0, size);
             } else {
-                const int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+                const int64_t mtime_ns = st->mtime_ns;
                 XXH3_128bits_update(s, &mtime_ns, sizeof mtime_ns);
                 const uint64_t chunk = 64 << 10;
                 read_at(0, 1 << 20);
@@ -96,7 +97,7 @@ std::string model_fingerprint(const std::vector<std::string>& paths, bool full) 
                 read_at(size - chunk, chunk);
             }
             if (!full && size < (4u << 20)) {
-                const int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+                const int64_t mtime_ns = st->mtime_ns;
                 XXH3_128bits_update(s, &mtime_ns, sizeof mtime_ns);
             }
         }
@@ -109,15 +110,15 @@ std::string file_identity(const std::vector<std::string>& paths) {
     XXH3_128bits_reset(s);
     for (const auto& p : paths) {
         std::error_code ec;
-        upd(s, fs::weakly_canonical(p, ec).string());
+        upd(s, platform::path_utf8(fs::weakly_canonical(platform::u8path(p), ec)));
         for (auto& [label, f] : expand(p)) {
-            struct stat st {};
             upd(s, label);
-            if (::stat(f.c_str(), &st) != 0) {
+            const auto st = platform::file_info(f);
+            if (!st) {
                 upd(s, "missing");
                 continue;
             }
-            const int64_t v[2] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec};
+            const int64_t v[2] = {(int64_t)st->size, st->mtime_ns};
             XXH3_128bits_update(s, v, sizeof v);
         }
     }

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "core/strings.h"
 #include "easel_version.h"
 #include "models/family.h"
@@ -15,9 +16,6 @@
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "sampling/sampler.h"
-
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -69,16 +67,12 @@ std::vector<float> resize_nearest(const std::vector<float>& m, int H, int W, int
 
 std::string model_stem(const GenerateParams& p) {
     std::string m = !p.model.empty() ? p.model : p.diffusion_model;
-    fs::path path(m);
+    fs::path path = platform::u8path(m);
     if (path.filename().empty()) path = path.parent_path();
-    return path.stem().string();
+    return platform::path_utf8(path.stem());
 }
 
-size_t peak_rss() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return (size_t)ru.ru_maxrss * 1024;
-}
+size_t peak_rss() { return (size_t)platform::peak_rss_bytes(); }
 
 /// Everything resolved from the flags before a model is opened.
 struct Setup {
@@ -256,7 +250,7 @@ vae::TilingOptions tiling_options(const GenerateParams& p, int f) {
 
 std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
     if (p.no_cache) return std::nullopt;
-    if (!p.cache_dir.empty()) return ArtifactCache(p.cache_dir, (uint64_t)p.cache_max_mib << 20);  // an explicit folder must work
+    if (!p.cache_dir.empty()) return ArtifactCache(platform::u8path(p.cache_dir), (uint64_t)p.cache_max_mib << 20);  // an explicit folder must work
     try {
         return ArtifactCache(default_cache_dir(), (uint64_t)p.cache_max_mib << 20);
     } catch (const Error& e) {
@@ -272,32 +266,40 @@ std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
 /// to it and rename it over the target, which would replace the node). Throws Error(Io/InvalidInput).
 void check_output_folder(const std::string& path, const char* flag) {
     if (path.empty()) fail(ErrorKind::InvalidInput, "{} is empty: pass an output file path", flag);
-    fs::path dir = fs::path(path).parent_path();
+    const fs::path target = platform::u8path(path);
+    fs::path dir = target.parent_path();
     std::error_code ec;
-    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, dir.string());
-    if (fs::is_directory(path, ec))
-        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, (fs::path(path) / "output.png").string());
-    const fs::file_status st = fs::status(path, ec);
+    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, platform::path_utf8(dir));
+    if (fs::is_directory(target, ec))
+        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, platform::path_utf8(target / "output.png"));
+    const fs::file_status st = fs::status(target, ec);
     if (fs::exists(st) && !fs::is_regular_file(st))
         fail(ErrorKind::InvalidInput, "{} {}: exists and is not a regular file (a device or a pipe); give a file path", flag, path);
     std::random_device rd;
-    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", (long)::getpid(), rd());
+    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", platform::process_id(), rd());
     {
         std::ofstream f(probe, std::ios::binary | std::ios::trunc);
-        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, (dir.empty() ? fs::path(".") : dir).string());
+        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, platform::path_utf8(dir.empty() ? fs::path(".") : dir));
     }
     fs::remove(probe, ec);
 }
 
 /// --checkpoint-dir made (or found) before any stage: a path that is a file, or a folder that
-/// cannot be created, is refused up front. Throws Error(Io).
-void prepare_checkpoint_dir(const GenerateParams& p) {
-    if (p.checkpoint_dir.empty()) return;
+/// cannot be created, is refused up front; so is a folder another easel process is writing
+/// checkpoints into (an exclusive lock on <dir>/.easel.lock, held by the returned object for the
+/// whole job and released by the OS if the process dies). Throws Error(Io).
+[[nodiscard]] std::optional<platform::FileLock> prepare_checkpoint_dir(const GenerateParams& p) {
+    if (p.checkpoint_dir.empty()) return std::nullopt;
     std::error_code ec;
-    if (fs::exists(p.checkpoint_dir, ec) && !fs::is_directory(p.checkpoint_dir, ec))
+    if (fs::exists(platform::u8path(p.checkpoint_dir), ec) && !fs::is_directory(platform::u8path(p.checkpoint_dir), ec))
         fail(ErrorKind::Io, "--checkpoint-dir {}: exists and is not a folder; pass a folder path", p.checkpoint_dir);
-    fs::create_directories(p.checkpoint_dir, ec);
-    if (!fs::is_directory(p.checkpoint_dir, ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+    fs::create_directories(platform::u8path(p.checkpoint_dir), ec);
+    if (!fs::is_directory(platform::u8path(p.checkpoint_dir), ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
+    auto lock = platform::FileLock::try_lock(platform::u8path(p.checkpoint_dir) / ".easel.lock");
+    if (!lock)
+        fail(ErrorKind::Io, "--checkpoint-dir {}: another easel process is writing checkpoints there; wait for it to end or give another folder",
+             p.checkpoint_dir);
+    return lock;
 }
 
 /// --resume / --resume-step checked once the step count is known (after the family's defaults),
@@ -307,9 +309,9 @@ void check_resume(const GenerateParams& p) {
     if (p.resume_step >= 0 && p.resume_step > p.steps)
         fail(ErrorKind::InvalidInput, "--resume-step {} is past --steps {}: pass a step from 0 to {}", p.resume_step, p.steps, p.steps);
     if (!p.resume && p.resume_step < 0) return;
-    if (find_checkpoint(p.checkpoint_dir, 0, p.resume ? -1 : p.resume_step)) return;
+    if (find_checkpoint(platform::u8path(p.checkpoint_dir), 0, p.resume ? -1 : p.resume_step)) return;
     if (p.resume_step >= 0)
-        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, checkpoint_path("", 0, p.resume_step).string(),
+        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, platform::path_utf8(checkpoint_path("", 0, p.resume_step)),
              p.checkpoint_dir);
     fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
 }
@@ -399,7 +401,7 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     const GenerateParams& p = s.p;
     const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
     if (!p.load_embeddings.empty()) {
-        Artifact a = read_artifact(p.load_embeddings, ArtifactKind::Conditioning);
+        Artifact a = read_artifact(platform::u8path(p.load_embeddings), ArtifactKind::Conditioning);
         PromptConditioning c = conditioning_from_artifact(a, p.load_embeddings);
         if (c.family != family_base_name(fam.name()))
             fail(ErrorKind::ModelMismatch, "--load-embeddings {}: made by a {} text encoder, this model is {}", p.load_embeddings, c.family,
@@ -415,9 +417,9 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
         key = conditioning_key(fam, s, need_negative);
         if (auto a = cache->get(ArtifactKind::Conditioning, key)) {
             try {
-                PromptConditioning c = conditioning_from_artifact(*a, cache->path(ArtifactKind::Conditioning, key).string());
+                PromptConditioning c = conditioning_from_artifact(*a, platform::path_utf8(cache->path(ArtifactKind::Conditioning, key)));
                 log::info("cache hit: prompt conditioning from {}; the text encoder was not opened (saved ~{:.2f} s of encoding)",
-                          cache->path(ArtifactKind::Conditioning, key).string(), c.encode_s);
+                          platform::path_utf8(cache->path(ArtifactKind::Conditioning, key)), c.encode_s);
                 if (rep) {
                     rep->conditioning_cached = true;
                     rep->te_saved_s = c.encode_s;
@@ -456,7 +458,7 @@ vae::LatentDist obtain_posterior(models::Family& fam, const Setup& s, const Imag
                 d.logvar = d.mean;
                 d.mean.data = std::move(m);
                 d.logvar.data = std::move(lv);
-                log::info("cache hit: {} latent from {}; the VAE encoder was not loaded", what, cache->path(ArtifactKind::Latent, key).string());
+                log::info("cache hit: {} latent from {}; the VAE encoder was not loaded", what, platform::path_utf8(cache->path(ArtifactKind::Latent, key)));
                 return d;
             }
         }
@@ -510,21 +512,21 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
     if (!p.resume && p.resume_step < 0) return std::nullopt;
     if (p.resume) {
         // the newest checkpoint that can be read (a truncated or corrupt one is skipped, named)
-        auto rp = load_latest_checkpoint(p.checkpoint_dir, b, job, sched);
+        auto rp = load_latest_checkpoint(platform::u8path(p.checkpoint_dir), b, job, sched);
         if (!rp) {
             if (b == 0) fail(ErrorKind::InvalidInput, "--resume: no checkpoint of image 1 in {}", p.checkpoint_dir);
             log::info("image {}: no checkpoint, starting at step 0", b + 1);
             return std::nullopt;
         }
-        log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, rp->path.string(), rp->state.step, rp->state.timesteps.size());
+        log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, platform::path_utf8(rp->path), rp->state.step, rp->state.timesteps.size());
         return std::move(rp->state);
     }
-    auto path = find_checkpoint(p.checkpoint_dir, b, p.resume_step);
+    auto path = find_checkpoint(platform::u8path(p.checkpoint_dir), b, p.resume_step);
     if (!path)
-        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, checkpoint_path("", b, p.resume_step).string(),
-             p.checkpoint_dir);
+        fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
+             platform::path_utf8(checkpoint_path("", b, p.resume_step)), p.checkpoint_dir);
     auto st = load_checkpoint(*path, job, sched);
-    log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, path->string(), st.step, st.timesteps.size());
+    log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, platform::path_utf8(*path), st.step, st.timesteps.size());
     return st;
 }
 
@@ -539,8 +541,8 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
     const bool ckpt = !p.checkpoint_dir.empty();
     if (ckpt) {
         std::error_code ec;
-        fs::create_directories(p.checkpoint_dir, ec);
-        if (!fs::is_directory(p.checkpoint_dir, ec))
+        fs::create_directories(platform::u8path(p.checkpoint_dir), ec);
+        if (!fs::is_directory(platform::u8path(p.checkpoint_dir), ec))
             fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
         fp = model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint);
     }
@@ -554,7 +556,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
         DenoiseControl ctl;
         ctl.image = b;
         if (ckpt) {
-            ctl.checkpoint_dir = p.checkpoint_dir;
+            ctl.checkpoint_dir = platform::u8path(p.checkpoint_dir);
             ctl.job = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
             ctl.resume = resume_state(s, b, ctl.job, job_schedule(fam, job, has_init));
         }
@@ -566,7 +568,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
             nlohmann::json pj = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
             pj["infotext"] = infotext_for(s, cond, img_seed, W, H, has_init);
             const auto lf = fam.latent_format();
-            write_artifact(batch_output_path(p.save_latent, b, p.batch_count),
+            write_artifact(platform::u8path(batch_output_path(p.save_latent, b, p.batch_count)),
                            latent_artifact(r.latent, lf.channels, H / lf.spatial_factor, W / lf.spatial_factor, fam, pj));
         }
         out.push_back(std::move(r.latent));
@@ -607,11 +609,11 @@ void log_peaks_after_encode(const models::Family& fam) {
 EncodeSizes encode_image_sizes(const GenerateParams& p) {
     EncodeSizes r;
     if (!p.init_img.empty()) {
-        const Image im = load_image(p.init_img, 3);
+        const Image im = load_image(platform::u8path(p.init_img), 3);
         r.init.push_back({im.height, im.width});
     }
     for (const auto& f : p.ref_images) {
-        const Image im = load_image(f, 3);
+        const Image im = load_image(platform::u8path(f), 3);
         r.references.push_back({im.height, im.width});
     }
     return r;
@@ -648,8 +650,9 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
     }
     if (placeholder) return out;
     if (index == 0 || count <= 1) return pattern;
-    fs::path p(pattern);
-    return (p.parent_path() / (p.stem().string() + "_" + std::to_string(index + 1) + p.extension().string())).string();
+    const fs::path p = platform::u8path(pattern);
+    return platform::path_utf8(p.parent_path() /
+                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(index + 1) + platform::path_utf8(p.extension())));
 }
 
 int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
@@ -657,18 +660,18 @@ int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_c
 void check_vae_tiling(const GenerateParams& p) { check_vae_tiling_impl(p); }
 
 std::string find_demo_model() {
-    if (const char* env = std::getenv("EASEL_DEMO_MODEL"); env && *env) return env;
+    if (auto env = platform::env("EASEL_DEMO_MODEL")) return *env;
     std::error_code ec;
-    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path exe = platform::executable_path();
     std::vector<fs::path> cands;
-    if (!ec) {
+    if (!exe.empty()) {
         fs::path bin = exe.parent_path();
         cands = {bin / "../../models/demo", bin / "../models/demo", bin / "../share/easel/models/demo"};
     }
     cands.push_back("models/demo");
     for (auto& c : cands) {
         fs::path f = c / "easel-demo-shapes.safetensors";
-        if (fs::is_regular_file(f, ec)) return fs::weakly_canonical(f, ec).string();
+        if (fs::is_regular_file(f, ec)) return platform::path_utf8(fs::weakly_canonical(f, ec));
     }
     return {};
 }
@@ -686,22 +689,22 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     // Output folders must exist before hours of work.
     warn_output_pattern(p.output);
     for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
-    prepare_checkpoint_dir(p);
+    const auto checkpoint_lock = prepare_checkpoint_dir(p);
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
 
     // Init image and mask (read before loading the model: a bad file fails fast).
     std::optional<Image> init, mask;
-    if (!p.init_img.empty()) init = load_image(p.init_img, 3);
+    if (!p.init_img.empty()) init = load_image(platform::u8path(p.init_img), 3);
     if (!p.mask.empty()) {
-        mask = load_image(p.mask, 1);
+        mask = load_image(platform::u8path(p.mask), 1);
         if (mask->width != init->width || mask->height != init->height)
             fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init image is {}x{}: they must be the same size", p.mask,
                  mask->width, mask->height, init->width, init->height);
     }
     std::vector<Image> refs;  // -r: reference images of edit models
-    for (const auto& r : p.ref_images) refs.push_back(load_image(r, 3));
+    for (const auto& r : p.ref_images) refs.push_back(load_image(platform::u8path(r), 3));
     if (init) s.encode_sizes.push_back({init->height, init->width});  // the encode stage's plan
     for (const Image& r : refs) s.reference_sizes.push_back({r.height, r.width});
     rep.seed = s.seed;
@@ -720,7 +723,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         fail(ErrorKind::InvalidInput, "this is an in-painting model: pass --mask MASK with -i IMAGE (white = repaint)");
 
     std::optional<LoadedLatent> init_lat;
-    if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+    if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
 
     const int f = fam->latent_format().spatial_factor;
     int W = p.width, H = p.height;
@@ -768,7 +771,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     t0 = Clock::now();
     PromptConditioning cond = obtain_conditioning(*fam, s, cfg, cachep, &rep);
     rep.te_s = since(t0);
-    if (!p.save_embeddings.empty()) write_artifact(p.save_embeddings, conditioning_artifact(cond));
+    if (!p.save_embeddings.empty()) write_artifact(platform::u8path(p.save_embeddings), conditioning_artifact(cond));
     log::info("model: {}", fam->describe());
 
     // Stage 2: init image (img2img / inpainting).
@@ -849,7 +852,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count);
-        save_png(path, out, texts);
+        save_png(platform::u8path(path), out, texts);
         rep.outputs.push_back(path);
     }
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
@@ -900,7 +903,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         c.model_fingerprint = model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint);
         log_stage("encode-prompt", *fam, {Module::Te}, meter);
         fam->unload(Module::Te);
-        write_artifact(p.save_embeddings, conditioning_artifact(c));
+        write_artifact(platform::u8path(p.save_embeddings), conditioning_artifact(c));
         written.push_back(p.save_embeddings);
         break;
     }
@@ -908,7 +911,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.init_img, "-i IMAGE");
         need(p.save_latent, "--save-latent FILE");
         check_output_folder(p.save_latent, "--save-latent");
-        Image img = load_image(p.init_img, 3);
+        Image img = load_image(platform::u8path(p.init_img), 3);
         s.encode_sizes.push_back({img.height, img.width});  // the encode stage's plan
         auto fam = open_model(s);
         const int f = fam->latent_format().spatial_factor;
@@ -930,7 +933,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
                              {"model_fingerprint", model_fingerprint(fam->module_files(Module::VaeEncoder), p.full_fingerprint)}};
         fam->unload(Module::VaeEncoder);
         log_peaks_after_encode(*fam);
-        write_artifact(p.save_latent, posterior_artifact(d, *fam, pj));
+        write_artifact(platform::u8path(p.save_latent), posterior_artifact(d, *fam, pj));
         written.push_back(p.save_latent);
         break;
     }
@@ -942,11 +945,11 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (!p.ref_images.empty())
             fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
         check_output_folder(p.save_latent, "--save-latent");
-        prepare_checkpoint_dir(p);
+        const auto checkpoint_lock = prepare_checkpoint_dir(p);
         auto fam = open_model(s);
         check_resume(p);
         std::optional<LoadedLatent> init_lat;
-        if (!p.load_latent.empty()) init_lat = load_latent(p.load_latent, *fam);
+        if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
         if (fam->diffusion_in_channels() != fam->latent_format().channels)
             fail(ErrorKind::Unsupported, "this is an in-painting model; run it with `easel generate -i IMAGE --mask MASK`");
         const int f = fam->latent_format().spatial_factor;
@@ -973,14 +976,14 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
         check_output_folder(p.output, "-o");
         auto fam = open_model(s);
-        LoadedLatent z = load_latent(p.load_latent, *fam);
+        LoadedLatent z = load_latent(platform::u8path(p.load_latent), *fam);
         if (z.space != "diffusion")
             fail(ErrorKind::InvalidInput, "--load-latent {}: holds an image's posterior (from encode-image), not a denoised latent; decode "
                  "the output of `easel denoise`", p.load_latent);
         const int f = fam->latent_format().spatial_factor;
         std::string infotext;
         {
-            Artifact a = read_artifact(p.load_latent, ArtifactKind::Latent);
+            Artifact a = read_artifact(platform::u8path(p.load_latent), ArtifactKind::Latent);
             try {
                 auto pj = nlohmann::json::parse(a.at("params"));
                 if (pj.contains("infotext") && pj["infotext"].is_string()) infotext = pj["infotext"].get<std::string>();
@@ -994,7 +997,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         log_peaks_after_decode(*fam);
         std::vector<PngTextEntry> texts;
         if (!infotext.empty()) texts.push_back({"parameters", infotext});
-        save_png(p.output, out, texts);
+        save_png(platform::u8path(p.output), out, texts);
         written.push_back(p.output);
         break;
     }

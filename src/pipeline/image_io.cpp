@@ -1,10 +1,10 @@
 #include "pipeline/image_io.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "text/unicode.h"
 
 #include <png.h>
-#include <unistd.h>
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -37,15 +37,15 @@ namespace {
 std::vector<uint8_t> read_file(const std::filesystem::path& path) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
-        fail(ErrorKind::InvalidInput, "{} is a folder, not an image: pass an image file (PNG, JPEG, BMP, ...)", path.string());
+        fail(ErrorKind::InvalidInput, "{} is a folder, not an image: pass an image file (PNG, JPEG, BMP, ...)", platform::path_utf8(path));
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "cannot open image {}; check that the file exists and is readable", path.string());
+    if (!f) fail(ErrorKind::Io, "cannot open image {}; check that the file exists and is readable", platform::path_utf8(path));
     f.seekg(0, std::ios::end);
     const auto size = static_cast<size_t>(f.tellg());
     f.seekg(0);
     std::vector<uint8_t> data(size);
     if (size && !f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(size)))
-        fail(ErrorKind::Io, "cannot read image {}", path.string());
+        fail(ErrorKind::Io, "cannot read image {}", platform::path_utf8(path));
     return data;
 }
 
@@ -139,7 +139,7 @@ Image decode_image(std::span<const uint8_t> bytes, int channels, std::string_vie
 
 Image load_image(const std::filesystem::path& path, int channels) {
     const auto data = read_file(path);
-    return decode_image(data, channels, path.string());
+    return decode_image(data, channels, platform::path_utf8(path));
 }
 
 std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry> texts) {
@@ -188,27 +188,8 @@ std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry
 
 void save_png(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts) {
     const auto bytes = encode_png(image, texts);
-    // The temporary file is unique per process (".<name>.<pid>.tmp" in the target's folder), so two
-    // runs writing the same path never share it; the rename replaces the target atomically.
-    std::string tmp_name = path.filename().string();
-    tmp_name.insert(tmp_name.begin(), '.');
-    tmp_name += '.';
-    tmp_name += std::to_string((long)::getpid());
-    tmp_name += ".tmp";
-    const auto tmp = path.parent_path() / tmp_name;
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        if (!f) fail(ErrorKind::Io, "cannot write {} (temporary file {}); check that the folder exists and is writable", path.string(), tmp.string());
-        f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-        f.flush();
-        if (!f) fail(ErrorKind::Io, "cannot write {} (disk full?)", tmp.string());
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::filesystem::remove(tmp, ec);
-        fail(ErrorKind::Io, "cannot rename {} to {}", tmp.string(), path.string());
-    }
+    // Atomic: a crash or a full disk leaves the previous file (or none), never half a PNG.
+    platform::write_file_atomic(path, bytes);
 }
 
 std::vector<float> image_to_planar(const Image& image, float lo, float hi) {

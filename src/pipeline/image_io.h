@@ -45,8 +45,9 @@ Image decode_image(std::span<const uint8_t> bytes, int channels = 3, std::string
 /// empty, longer than 79 bytes or not Latin-1, or text that is not valid UTF-8.
 std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry> texts = {});
 
-/// encode_png written atomically to `path` (temporary file + rename). Throws Error(Io) if
-/// the file cannot be written, plus encode_png's errors.
+/// encode_png written atomically to `path` (platform::write_file_atomic: temporary file, fsync,
+/// rename, fsync of the folder). Throws Error(Io) with one line if the file cannot be written
+/// (the previous file is kept, no temporary file remains), plus encode_png's errors.
 void save_png(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts = {});
 
 /// Planar float copy of an image: [C, H, W] (ggml ne = [W, H, C]), value v/255 mapped linearly

@@ -1,9 +1,9 @@
 #include "pipeline/memory_check.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -24,8 +24,7 @@ bool is_cpu(const std::string& d) {
 }  // namespace
 
 uint64_t host_ram_bytes() {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    return platform::physical_memory_bytes();
 }
 
 std::vector<MemoryNeed> whole_module_needs(const std::vector<placement::ModuleCosts>& costs,

@@ -17,7 +17,7 @@
 
 namespace easel::pipeline {
 
-/// Physical host RAM in bytes (sysconf(_SC_PHYS_PAGES) x page size); 0 when unknown.
+/// Physical host RAM in bytes (platform::physical_memory_bytes); 0 when unknown.
 uint64_t host_ram_bytes();
 
 /// What one module needs of one device when it runs whole there (the plain path: its weights on

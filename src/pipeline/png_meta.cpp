@@ -1,4 +1,5 @@
 #include "pipeline/png_meta.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "easel_version.h"
@@ -216,9 +217,9 @@ std::vector<PngTextChunk> read_png_text(std::span<const uint8_t> b, std::string_
 
 std::vector<PngTextChunk> read_png_text(const std::filesystem::path& path) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "cannot open {}; check that the file exists and is readable", path.string());
+    if (!f) fail(ErrorKind::Io, "cannot open {}; check that the file exists and is readable", platform::path_utf8(path));
     std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return read_png_text(data, path.string());
+    return read_png_text(data, platform::path_utf8(path));
 }
 
 std::optional<std::string> find_png_text(std::span<const PngTextChunk> chunks, std::string_view keyword) {

@@ -2,10 +2,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "placement/plan.h"
 #include "text/prompt_syntax.h"
-
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <csignal>
@@ -175,7 +174,7 @@ Artifact latent_artifact(std::span<const float> z, int64_t C, int64_t h, int64_t
 }
 
 LoadedLatent load_latent(const fs::path& path, const models::Family& fam) {
-    const std::string what = path.string();
+    const std::string what = platform::path_utf8(path);
     Artifact a = read_artifact(path, ArtifactKind::Latent);
     LoadedLatent r;
     r.space = a.at("latent_space", what);
@@ -404,7 +403,7 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir, int image) {
     const std::regex re(fmt::format("image{}-step([0-9]+)\\.safetensors", image + 1));
     for (auto& e : fs::directory_iterator(dir, ec)) {
         std::smatch m;
-        const std::string name = e.path().filename().string();
+        const std::string name = platform::path_utf8(e.path().filename());
         if (!std::regex_match(name, m, re) || m[1].length() > 9) continue;
         found.emplace_back(std::stol(m[1].str()), e.path());
     }
@@ -459,7 +458,7 @@ struct CheckpointFile {
 };
 
 CheckpointFile read_checkpoint_file(const fs::path& path) {
-    const std::string what = path.string();
+    const std::string what = platform::path_utf8(path);
     Artifact a = read_artifact(path, ArtifactKind::Checkpoint);
     CheckpointFile c;
     c.params = parse_params(a, what);
@@ -502,7 +501,7 @@ void check_checkpoint(const CheckpointFile& c, const fs::path& path, const nlohm
         std::string msg;
         for (auto& d : diffs) msg += (msg.empty() ? "" : "; ") + d;
         fail(ErrorKind::InvalidInput, "{}: checkpoint does not match this job ({}); resume with the same model and flags, or start without --resume",
-             path.string(), msg);
+             platform::path_utf8(path), msg);
     }
 }
 
@@ -525,8 +524,8 @@ std::optional<ResumePoint> load_latest_checkpoint(const fs::path& dir, int image
             c = read_checkpoint_file(path);
         } catch (const Error& e) {
             // a file a crash (or a full disk) left unusable: the one before it still is
-            log::warn("--resume: skipping {} (unreadable: {}); trying the checkpoint before it", path.filename().string(), e.what());
-            skipped.push_back(path.filename().string());
+            log::warn("--resume: skipping {} (unreadable: {}); trying the checkpoint before it", platform::path_utf8(path.filename()), e.what());
+            skipped.push_back(platform::path_utf8(path.filename()));
             continue;
         }
         check_checkpoint(c, path, job, schedule);  // a readable checkpoint of another job is the user's mistake: refuse
@@ -535,32 +534,18 @@ std::optional<ResumePoint> load_latest_checkpoint(const fs::path& dir, int image
     std::string names;
     for (auto& n : skipped) names += (names.empty() ? "" : ", ") + n;
     fail(ErrorKind::InvalidInput, "--resume: no readable checkpoint of image {} in {} (all {} are truncated or corrupt: {}); start without --resume",
-         image + 1, dir.string(), skipped.size(), names);
+         image + 1, platform::path_utf8(dir), skipped.size(), names);
 }
 
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-size_t read_vm_hwm() {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("VmHWM:", 0) == 0) return (size_t)std::stoull(line.substr(6)) * 1024;
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return (size_t)ru.ru_maxrss * 1024;
-}
 std::string mib(size_t b) { return fmt::format("{:.1f} MiB", (double)b / 1048576.0); }
 }  // namespace
 
-StageMeter::StageMeter() : t0_(now_s()) {
-    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-        std::fputs("5", f);  // reset the peak RSS (VmHWM) to the current RSS
-        std::fclose(f);
-    }
-}
+StageMeter::StageMeter() : t0_(now_s()) { platform::reset_peak_rss(); }
 
-size_t StageMeter::peak_rss() const { return read_vm_hwm(); }
+size_t StageMeter::peak_rss() const { return (size_t)platform::peak_rss_bytes(); }
 double StageMeter::seconds() const { return now_s() - t0_; }
 
 ModuleBytes module_bytes(const models::Family& fam, models::Module m) {

@@ -1,18 +1,12 @@
 #include "placement/devices.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/strings.h"
 
 #ifdef EASEL_HAS_RPC
 #include <ggml-rpc.h>
 #endif
-
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-#include <fcntl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,36 +27,6 @@ const char* type_name(enum ggml_backend_dev_type t) {
         case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
         default: return "other";
     }
-}
-
-// ggml's RPC client aborts the process when a server cannot be reached, so easel checks
-// with its own TCP connect (2 s timeout) first and reports an error instead.
-bool tcp_reachable(const std::string& host, const std::string& port) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) return false;
-    bool ok = false;
-    for (addrinfo* a = res; a && !ok; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd < 0) continue;
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
-        int r = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (r == 0) ok = true;
-        else if (errno == EINPROGRESS) {
-            pollfd p{fd, POLLOUT, 0};
-            if (poll(&p, 1, 2000) == 1) {
-                int err = 0;
-                socklen_t len = sizeof err;
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-                ok = err == 0;
-            }
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return ok;
 }
 
 std::mutex g_mu;
@@ -102,7 +66,9 @@ void add_rpc_servers(const std::string& list) {
         if (g_rpc_added.count(ep)) continue;
         std::string host = ep.substr(0, colon);
         if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-        if (!tcp_reachable(host, ep.substr(colon + 1)))
+        // ggml's RPC client aborts the process when a server cannot be reached, so easel checks
+        // with its own TCP connect (2 s timeout) first and reports an error instead.
+        if (!platform::tcp_reachable(host, ep.substr(colon + 1), 2000))
             fail(ErrorKind::Io, "--rpc-servers: cannot connect to RPC server {} (is `easel rpc-server` running there?)", ep);
         ggml_backend_reg_t reg = ggml_backend_rpc_add_server(ep.c_str());
         if (!reg) fail(ErrorKind::Io, "--rpc-servers: cannot connect to RPC server {} (is `easel rpc-server` running there?)", ep);
@@ -136,7 +102,7 @@ std::vector<DeviceInfo> list_devices() {
             if (colon != std::string::npos && !g_rpc_answered.count(ep)) {
                 std::string host = ep.substr(0, colon);
                 if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-                reachable = tcp_reachable(host, ep.substr(colon + 1));
+                reachable = platform::tcp_reachable(host, ep.substr(colon + 1), 2000);
                 if (reachable) g_rpc_answered.insert(ep);
             }
         }

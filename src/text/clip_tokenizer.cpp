@@ -1,4 +1,5 @@
 #include "text/clip_tokenizer.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "text/unicode.h"
@@ -210,12 +211,12 @@ ClipTokenizer ClipTokenizer::from_merges_text(std::string_view text, size_t n_me
 
 ClipTokenizer ClipTokenizer::from_file(const std::filesystem::path& path, size_t n_merges) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "cannot open CLIP vocabulary file {}; check the path", path.string());
+    if (!f) fail(ErrorKind::Io, "cannot open CLIP vocabulary file {}; check the path", platform::path_utf8(path));
     std::stringstream ss;
     ss << f.rdbuf();
     std::string data = ss.str();
     if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1F && static_cast<unsigned char>(data[1]) == 0x8B)
-        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), path.string());
+        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), platform::path_utf8(path));
     return from_merges_text(data, n_merges);
 }
 

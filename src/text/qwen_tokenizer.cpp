@@ -2,6 +2,7 @@
 // tokenizers (BPE model, ByteLevel pre-tokenizer/decoder, Split with behaviour Isolated,
 // AddedVocabulary leftmost-longest matching) and Qwen3's tokenizer.json; GGUF keys from llama.cpp.
 #include "text/qwen_tokenizer.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 #include "text/unicode.h"
@@ -280,12 +281,12 @@ QwenTokenizer QwenTokenizer::from_tokenizer_json(std::string_view json_text) {
 
 QwenTokenizer QwenTokenizer::from_file(const std::filesystem::path& path) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "cannot open tokenizer file '{}'", path.string());
+    if (!f) fail(ErrorKind::Io, "cannot open tokenizer file '{}'", platform::path_utf8(path));
     std::ostringstream ss;
     ss << f.rdbuf();
     std::string data = ss.str();
     if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1F && static_cast<unsigned char>(data[1]) == 0x8B)
-        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), path.string());
+        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), platform::path_utf8(path));
     return from_tokenizer_json(data);
 }
 

@@ -1,4 +1,5 @@
 #include "text/t5_tokenizer.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 
@@ -230,12 +231,12 @@ T5Tokenizer T5Tokenizer::from_json_text(std::string_view text) {
 
 T5Tokenizer T5Tokenizer::from_file(const std::filesystem::path& path) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) fail(ErrorKind::Io, "cannot open T5 tokenizer file {}", path.string());
+    if (!f) fail(ErrorKind::Io, "cannot open T5 tokenizer file {}", platform::path_utf8(path));
     std::stringstream ss;
     ss << f.rdbuf();
     std::string data = ss.str();
     if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1F && static_cast<unsigned char>(data[1]) == 0x8B)
-        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), path.string());
+        data = gunzip(reinterpret_cast<const unsigned char*>(data.data()), data.size(), platform::path_utf8(path));
     return from_json_text(data);
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numbers>
 
 namespace easel::models::flux {
 
@@ -27,7 +28,7 @@ constexpr int kPrecisionBits = 32 - 8 - 2;
 
 double sinc(double x) {
     if (x == 0.0) return 1.0;
-    x *= M_PI;
+    x *= std::numbers::pi;  // M_PI is not standard C++ (MinGW and MSVC leave it out)
     return std::sin(x) / x;
 }
 

@@ -3,6 +3,7 @@
 // Qwen3MLP, Qwen3DecoderLayer, Qwen3Model.norm; rotate_half RoPE = ggml's NEOX mode); GGUF
 // tensor names from llama.cpp's gguf-py constants (MODEL_ARCH.QWEN3).
 #include "models/qwen3/qwen3.h"
+#include "core/platform.h"
 
 #include "core/error.h"
 
@@ -369,7 +370,7 @@ Qwen3TextEncoder::Qwen3TextEncoder(const io::WeightIndex& index, const Qwen3RunO
         fail(ErrorKind::ModelMismatch,
              "no Qwen3 text encoder found in '{}' (looked for embed_tokens.weight + layers.0.self_attn.q_norm.weight, or GGUF "
              "token_embd.weight + blk.0.attn_q_norm.weight)",
-             index.files().empty() ? std::string("<none>") : index.files()[0].path.string());
+             index.files().empty() ? std::string("<none>") : platform::path_utf8(index.files()[0].path));
     impl_->cfg = infer_config(index, *keys, opt.overrides);
     impl_->model = std::make_unique<Qwen3Model>(impl_->cfg);
     impl_->runner = std::make_unique<runtime::GraphRunner>(opt.device, opt.threads);
