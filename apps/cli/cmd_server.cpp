@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -129,6 +130,7 @@ EASEL_COMMAND(
             sigaddset(&sigs, SIGINT);
             sigaddset(&sigs, SIGTERM);
             pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+            std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up mid-answer is an error return, not the end of the server
 
             // the model, opened and placed once (a placed model's stages load per job, as its plan assumes)
             pipeline::Generator gen(*p, {.keep_loaded = !p->placement.any()});

@@ -233,7 +233,7 @@ std::optional<json> take_extra_args(std::string& prompt, const Limits& limits) {
     try {
         j = parse_json_body(body, limits);
     } catch (const ApiError& e) {
-        refuse(400, "prompt", "sd_cpp_extra_args: {}", e.what());
+        refuse(400, "prompt", "prompt: its <sd_cpp_extra_args> block: {}", e.what());
     }
     return j;
 }

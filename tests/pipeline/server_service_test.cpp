@@ -4,7 +4,9 @@
 // new Service on the same state folder and ends with the same bytes; queued jobs cancel; an
 // interrupt ends sampling early with an image; a request the model cannot take is refused.
 // Small sizes and few steps: these check plumbing, not image quality.
+#include "core/error.h"
 #include "pipeline/generate.h"
+#include "pipeline/stages.h"
 #include "server/job_store.h"
 #include "server/service.h"
 
