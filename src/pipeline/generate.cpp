@@ -477,6 +477,10 @@ vae::LatentDist obtain_posterior(models::Family& fam, const Setup& s, const Imag
     return d;
 }
 
+/// A float flag's value as the decimal the user wrote (0.6f -> 0.6, not 0.6000000238418579): the
+/// shortest decimal that reads back as the same float, as a double, for the infotext.
+double as_written(float v) { return std::strtod(fmt::format("{}", v).c_str(), nullptr); }
+
 std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t img_seed, int W, int H, bool has_init) {
     const GenerateParams& p = s.p;
     GenerationInfo gi;
@@ -485,12 +489,12 @@ std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t im
     gi.steps = p.steps;
     gi.sampler = a1111_sampler_name(sampling::sampler_name(s.method));
     gi.scheduler = a1111_scheduler_name(sampling::scheduler_name(s.sched));
-    gi.cfg_scale = p.cfg_scale;
+    gi.cfg_scale = as_written(p.cfg_scale);
     gi.seed = img_seed;
     gi.width = W;
     gi.height = H;
     gi.model = model_stem(p);
-    if (has_init) gi.denoising_strength = p.strength;
+    if (has_init) gi.denoising_strength = as_written(p.strength);
     gi.clip_skip = c.clip_skip;
     gi.rng = s.rng_kind == sampling::RngKind::Cpu ? "CPU" : s.rng_kind == sampling::RngKind::Cuda ? "NV" : "std_default";
     return format_infotext(make_infotext(gi));

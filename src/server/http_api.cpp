@@ -311,6 +311,12 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
     Service& svc = service;
     const int threads = std::max(4, st->opt.threads);
     svr.new_task_queue = [threads] { return new httplib::ThreadPool((size_t)threads); };
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the
+    // same port would start and silently share the connections instead of being refused
+    svr.set_socket_options([](socket_t sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+    });
     svr.set_read_timeout(st->opt.read_timeout_s, 0);
     svr.set_write_timeout(st->opt.read_timeout_s, 0);
     svr.set_keep_alive_max_count(100);

@@ -43,7 +43,7 @@ const first = r.body.images && r.body.images[0];
 // progress polling during a job, then interrupt
 const long = post("/sdapi/v1/txt2img", Object.assign({}, body, { steps: 60, seed: 2 }));
 let seen = null, steps = new Set();
-for (let i = 0; i < 600; i++) {
+for (let i = 0; i < 6000; i++) {
   const p = await get("/sdapi/v1/progress");
   if (p.body.state && p.body.state.sampling_step > 0) {
     steps.add(p.body.state.sampling_step);

@@ -50,7 +50,7 @@ t.check("a job id with a path: 404, nothing read", r.status === 404, r.text);
 // queue bound and cancel: one running, two queued (--max-queue 2), the next gets 503 + Retry-After
 const slow = { prompt: "a cyan star on the left", steps: 150, seed: 9 };
 const a = (await post("/easel/v1/jobs", slow)).body.id;
-for (let i = 0; i < 400; i++) { if ((await get("/easel/v1/jobs/" + a + "?images=false")).body.state === "running") break; await sleep(25); }
+for (let i = 0; i < 6000; i++) { if ((await get("/easel/v1/jobs/" + a + "?images=false")).body.state === "running") break; await sleep(25); }
 const b = (await post("/easel/v1/jobs", slow)).body.id, c = (await post("/easel/v1/jobs", slow)).body.id;
 r = await post("/easel/v1/jobs", slow);
 t.check("a full queue: 503 with Retry-After", r.status === 503 && r.headers.get("retry-after") !== null && r.body.error.code === "unavailable", r.text);
@@ -64,14 +64,14 @@ t.check("cancel it again: 409", r.status === 409, r.text);
 // sd.cpp's names: cancel the running job, poll with sd.cpp's shape
 r = await post("/sdcpp/v1/jobs/" + a + "/cancel");
 t.check("POST /sdcpp/v1/jobs/{id}/cancel on the running job", r.status === 200, r.text);
-for (let i = 0; i < 400; i++) { r = await get("/sdcpp/v1/jobs/" + a); if (r.body.status === "cancelled") break; await sleep(25); }
+for (let i = 0; i < 6000; i++) { r = await get("/sdcpp/v1/jobs/" + a); if (r.body.status === "cancelled") break; await sleep(25); }
 t.check("sd.cpp job shape: status cancelled, error.code cancelled", r.body.status === "cancelled" && r.body.error && r.body.error.code === "cancelled" &&
   ["id", "kind", "status", "created", "started", "completed", "queue_position", "result", "error"].every((k) => k in r.body), r.text);
 await post("/easel/v1/jobs/" + c + "/cancel");
 r = await post("/sdcpp/v1/img_gen", { prompt: "a small orange circle on the right", width: 64, height: 64, seed: 3, sample_params: { sample_steps: 2, sample_method: "euler" } });
 t.check("POST /sdcpp/v1/img_gen: 202 {id, kind, status, created, poll_url}", r.status === 202 && r.body.kind === "img_gen" && r.body.poll_url === "/sdcpp/v1/jobs/" + r.body.id, r.text);
 const sid = r.body.id;
-for (let i = 0; i < 1200; i++) { r = await get("/sdcpp/v1/jobs/" + sid); if (r.body.status === "completed" || r.body.status === "failed") break; await sleep(50); }
+for (let i = 0; i < 6000; i++) { r = await get("/sdcpp/v1/jobs/" + sid); if (r.body.status === "completed" || r.body.status === "failed") break; await sleep(50); }
 t.check("sd.cpp job completed: result.images[0].b64_json", r.body.status === "completed" && r.body.result.output_format === "png" && b64png(r.body.result.images[0].b64_json), r.text.slice(0, 300));
 r = await get("/sdcpp/v1/capabilities");
 t.check("GET /sdcpp/v1/capabilities", r.status === 200 && r.body.supported_modes[0] === "img_gen" && r.body.limits.max_queue_size === 2, r.text.slice(0, 300));
