@@ -360,6 +360,8 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
         res.set_content(st->opt.html, "text/html; charset=utf-8");
     });
 
+    svr.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+
     // ---- OpenAI
     svr.Get("/v1/models", [st, &svc](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] {

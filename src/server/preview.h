@@ -1,4 +1,5 @@
-// Live previews of a job's latent while it is denoised.
+// Live previews of a job while it is denoised, made from the model's denoised estimate of the
+// last step (sampling::Sampler::denoised(), what A1111's live preview shows).
 //
 //   proj: a linear map of the latent channels to RGB, at the latent's resolution (one pixel per
 //         latent cell): AUTOMATIC1111's "Approx cheap" factors for the 4-channel SD1.x / SD2.x

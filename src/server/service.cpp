@@ -462,7 +462,8 @@ void Service::run_job(JobRecord rec) {
             const int every = preview_interval_.load();
             if (opt_.preview != PreviewMethod::None && (si.step % every == 0 || si.step == si.steps)) {
                 try {
-                    const std::vector<float> lat = si.sampler->result();
+                    // the model's denoised estimate (A1111's live preview shows it), else the latent itself
+                    const std::vector<float> lat = si.sampler->denoised().empty() ? si.sampler->result() : si.sampler->denoised();
                     std::optional<Image> im;
                     if (opt_.preview == PreviewMethod::Proj) im = proj_preview(lat, si.channels, si.h, si.w);
                     else im = gen_.decode_preview(lat, si.h, si.w);

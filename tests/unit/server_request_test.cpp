@@ -5,6 +5,7 @@
 #include "pipeline/image_io.h"
 #include "server/base64.h"
 #include "server/job_request.h"
+#include "server/preview.h"
 #include "server/samplers.h"
 
 #include <gtest/gtest.h>
@@ -270,6 +271,24 @@ TEST(ServerRequest, SdcppNativeAndEaselJobs) {
     EXPECT_EQ(e.type, "txt2img");
     EXPECT_EQ(e.steps.value_or(0), 2);
     expect_refused([&] { parse_easel_job(json::parse(R"({"type": "video"})"), lim); }, 400, "type");
+}
+
+TEST(ServerPreview, ProjMapsLatentChannelsToRgb) {
+    // one cell per channel basis vector: RGB = (factor row + 1) / 2 * 255, rounded (A1111's
+    // cheap approximation for SD1.x: row 0 = 0.298, 0.207, 0.208; row 3 = -0.184, -0.271, -0.473)
+    std::vector<float> lat(4 * 2, 0.0f);  // [4, 1, 2]
+    lat[0 * 2 + 0] = 1.0f;                // cell 0: channel 0 = 1
+    lat[3 * 2 + 1] = 2.0f;                // cell 1: channel 3 = 2
+    auto im = proj_preview(lat, 4, 1, 2);
+    ASSERT_TRUE(im);
+    ASSERT_EQ(im->pixels.size(), 6u);
+    EXPECT_EQ(im->pixels[0], 165);  // (0.298 + 1) / 2 * 255 = 165.495
+    EXPECT_EQ(im->pixels[1], 154);  // 153.8925
+    EXPECT_EQ(im->pixels[2], 154);  // 154.02
+    EXPECT_EQ(im->pixels[3], 81);   // (-0.368 + 1) / 2 * 255 = 80.58
+    EXPECT_EQ(im->pixels[4], 58);   // (-0.542 + 1) / 2 * 255 = 58.395
+    EXPECT_EQ(im->pixels[5], 7);    // (-0.946 + 1) / 2 * 255 = 6.885
+    EXPECT_FALSE(proj_preview(std::vector<float>(16 * 4), 16, 2, 2));  // no factors for 16 channels
 }
 
 TEST(ServerRequest, JobIds) {
