@@ -12,7 +12,8 @@ cd "$root"
 PACKAGES=(build-essential pkg-config
   libstb-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-dev)  # clang + its sanitizer/libFuzzer runtimes: CI's sanitizer build (scripts/sanitize.sh)
+  clang libclang-rt-dev  # clang + its sanitizer/libFuzzer runtimes: CI's sanitizer build (scripts/sanitize.sh)
+  chromium)  # chromium: the server page's test in headless Chromium (tests/cli/server_page.sh)
 declare -A TOOLS=([cmake]=cmake [git]=git [npm]=npm [python3]=python3)
 
 if [ "${EASEL_SKIP_APT:-0}" != "1" ]; then
@@ -33,6 +34,15 @@ if [ "${EASEL_SKIP_APT:-0}" != "1" ]; then
 fi
 
 scripts/fetch-ggml.sh
+
+# npm packages of the server's client tests (tests/server: the openai SDK, puppeteer-core), from
+# the lock file; again only when the lock file changed.
+if [ -f tests/server/package-lock.json ] && command -v npm >/dev/null 2>&1; then
+  if [ ! -f tests/server/node_modules/.package-lock.json ] || [ tests/server/package-lock.json -nt tests/server/node_modules/.package-lock.json ]; then
+    echo "setup: installing the server tests' npm packages (tests/server)"
+    npm ci --prefix tests/server --no-audit --no-fund --loglevel=error
+  fi
+fi
 
 build="${EASEL_BUILD_DIR:-build}"
 jobs="$(nproc 2>/dev/null || echo 2)"

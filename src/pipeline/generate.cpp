@@ -86,7 +86,14 @@ struct Setup {
     /// The images the job encodes ({H, W} pixels as loaded): -i, and the reference images -r
     /// (FamilyOptions::vae_encode_sizes / reference_sizes: the encode stage's plan).
     std::vector<std::pair<int64_t, int64_t>> encode_sizes, reference_sizes;
+    /// Generator::Options::keep_loaded: a stage leaves its modules loaded for the next job.
+    bool keep_loaded = false;
 };
+
+/// Frees module m after its stage, unless the job runs on a Generator that keeps its modules.
+void release(models::Family& fam, const Setup& s, Module m) {
+    if (!s.keep_loaded) fam.unload(m);
+}
 
 /// Byte offset of the first byte of `s` that does not start or continue a well-formed UTF-8
 /// sequence (Unicode 15, table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF;
@@ -199,6 +206,7 @@ void check_vae_tiling_impl(const GenerateParams& p) {
 }
 
 std::unique_ptr<models::Family> open_model(Setup& s) {
+    // (the device and the family's defaults are set on `s`; Generator keeps both for later jobs)
     const GenerateParams& p = s.p;
     models::ModelFiles files;
     files.model = p.model;
@@ -435,7 +443,7 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     log_stage("encode-prompt", fam, {Module::Te}, meter);
     if (rep) rep->param_bytes += module_bytes(fam, Module::Te).params;
     if (cache || !p.save_embeddings.empty()) c.model_fingerprint = model_fingerprint(fam.module_files(Module::Te), p.full_fingerprint);
-    fam.unload(Module::Te);
+    release(fam, s, Module::Te);
     if (cache) cache->put(key, conditioning_artifact(c));
     return c;
 }
@@ -471,6 +479,10 @@ vae::LatentDist obtain_posterior(models::Family& fam, const Setup& s, const Imag
     return d;
 }
 
+/// A float flag's value as the decimal the user wrote (0.6f -> 0.6, not 0.6000000238418579): the
+/// shortest decimal that reads back as the same float, as a double, for the infotext.
+double as_written(float v) { return std::strtod(fmt::format("{}", v).c_str(), nullptr); }
+
 std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t img_seed, int W, int H, bool has_init) {
     const GenerateParams& p = s.p;
     GenerationInfo gi;
@@ -479,12 +491,12 @@ std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t im
     gi.steps = p.steps;
     gi.sampler = a1111_sampler_name(sampling::sampler_name(s.method));
     gi.scheduler = a1111_scheduler_name(sampling::scheduler_name(s.sched));
-    gi.cfg_scale = p.cfg_scale;
+    gi.cfg_scale = as_written(p.cfg_scale);
     gi.seed = img_seed;
     gi.width = W;
     gi.height = H;
     gi.model = model_stem(p);
-    if (has_init) gi.denoising_strength = p.strength;
+    if (has_init) gi.denoising_strength = as_written(p.strength);
     gi.clip_skip = c.clip_skip;
     gi.rng = s.rng_kind == sampling::RngKind::Cpu ? "CPU" : s.rng_kind == sampling::RngKind::Cuda ? "NV" : "std_default";
     return format_infotext(make_infotext(gi));
@@ -534,7 +546,8 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
 std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& s, const PromptConditioning& cond, const DenoiseInputs& base,
                                               const std::string& init_hash, int W, int H, const ProgressFn& progress,
                                               std::vector<double>* step_s, std::vector<std::string>* infotexts,
-                                              size_t* param_bytes = nullptr) {
+                                              size_t* param_bytes = nullptr, const StepFn& on_step = {},
+                                              bool* stopped = nullptr) {
     const GenerateParams& p = s.p;
     const bool has_init = base.init_posterior || base.init_latent;
     std::string fp;
@@ -561,6 +574,19 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
             ctl.resume = resume_state(s, b, ctl.job, job_schedule(fam, job, has_init));
         }
         if (progress) ctl.progress = [&, b](int step, int steps, double dt) { progress(b, step, steps, dt); };
+        if (on_step)
+            ctl.on_step = [&, b](const sampling::Sampler& smp) {
+                StepInfo si;
+                si.image = b;
+                si.images = p.batch_count;
+                si.step = (int)smp.step_index();
+                si.steps = smp.steps();
+                si.sampler = &smp;
+                si.channels = fam.latent_format().channels;
+                si.h = H / fam.latent_format().spatial_factor;
+                si.w = W / fam.latent_format().spatial_factor;
+                return on_step(si);
+            };
         DenoiseResult r = denoise(fam, job, base, ctl);
         if (step_s) step_s->insert(step_s->end(), r.step_s.begin(), r.step_s.end());
         if (infotexts) infotexts->push_back(infotext_for(s, cond, img_seed, W, H, has_init));
@@ -572,13 +598,19 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
                            latent_artifact(r.latent, lf.channels, H / lf.spatial_factor, W / lf.spatial_factor, fam, pj));
         }
         out.push_back(std::move(r.latent));
+        if (r.stopped) {  // interrupted: this image ends here, the later ones are not made
+            if (stopped) *stopped = true;
+            log::info("image {}: sampling stopped after step {} of {}", b + 1, r.step_s.size() + std::max<int64_t>(r.resumed_at, 0),
+                      job.steps);
+            break;
+        }
     }
     log_stage("denoise", fam, {Module::Diffusion}, meter);
     if (param_bytes) *param_bytes += module_bytes(fam, Module::Diffusion).params;
     if (auto plans = fam.placement_plans(); !plans.empty())
         log::info("placement: peak bytes per device, measured beside the plan's prediction:\n{}",
                   placement::format_peaks(plans, fam.placement_peaks()));
-    fam.unload(Module::Diffusion);
+    release(fam, s, Module::Diffusion);
     return out;
 }
 
@@ -676,7 +708,110 @@ std::string find_demo_model() {
     return {};
 }
 
+/// The family a Generator holds, and the device and defaults it was opened with.
+struct Generator::Impl {
+    GenerateParams base;
+    Options opt;
+    std::unique_ptr<models::Family> fam;
+    ggml_backend_dev_t device = nullptr;
+    double open_s = 0;
+
+    /// Opens the family for the job `s` (first job), or (later jobs) checks that `s` asks for the
+    /// same model and execution settings and gives it the device and the family's defaults.
+    void open_for(Setup& s);
+};
+
+namespace {
+
+/// The settings a family is opened with (model files, FamilyOptions): a job run on an open
+/// Generator must agree with them. Returns the first differing flag, or nullptr.
+const char* differing_model_flag(const GenerateParams& a, const GenerateParams& b) {
+    if (a.model != b.model) return "-m/--model";
+    if (a.diffusion_model != b.diffusion_model) return "--diffusion-model";
+    if (a.vae != b.vae) return "--vae";
+    if (a.taesd != b.taesd) return "--taesd";
+    if (a.clip_l != b.clip_l) return "--clip_l";
+    if (a.clip_g != b.clip_g) return "--clip_g";
+    if (a.t5xxl != b.t5xxl) return "--t5xxl";
+    if (a.llm != b.llm) return "--llm";
+    if (a.weight_type != b.weight_type) return "--type";
+    if (a.prediction != b.prediction) return "--prediction";
+    if (a.flow_shift != b.flow_shift) return "--flow-shift";
+    if (a.guidance != b.guidance) return "--guidance";
+    if (a.flash_attn != b.flash_attn) return "--fa";
+    if (a.diffusion_fa != b.diffusion_fa) return "--diffusion-fa";
+    if (a.threads != b.threads) return "-t/--threads";
+    if (a.vae_tiling != b.vae_tiling || (a.vae_tiling && a.vae_tile_size != b.vae_tile_size)) return "--vae-tiling/--vae-tile-size";
+    const auto& x = a.placement;
+    const auto& y = b.placement;
+    if (x.backend != y.backend || x.params_backend != y.params_backend || x.split_mode != y.split_mode || x.max_vram != y.max_vram ||
+        x.headroom != y.headroom || x.stream_layers != y.stream_layers || x.offload_to_cpu != y.offload_to_cpu ||
+        x.clip_on_cpu != y.clip_on_cpu || x.vae_on_cpu != y.vae_on_cpu)
+        return "the placement flags";
+    return nullptr;
+}
+
+}  // namespace
+
+void Generator::Impl::open_for(Setup& s) {
+    s.keep_loaded = opt.keep_loaded;
+    if (!fam) {
+        auto t0 = Clock::now();
+        fam = open_model(s);
+        device = s.device;
+        open_s = since(t0);
+        return;
+    }
+    if (const char* flag = differing_model_flag(s.p, base))
+        fail(ErrorKind::InvalidInput, "{} of this job differs from the loaded model's; a job on an open model cannot change it", flag);
+    s.device = device;
+    apply_family_defaults(s, *fam);
+}
+
+Generator::Generator(const GenerateParams& base, Options opt) : impl_(std::make_unique<Impl>()) {
+    impl_->base = base;
+    impl_->opt = opt;
+}
+
+Generator::~Generator() = default;
+
+bool Generator::is_open() const { return impl_->fam != nullptr; }
+
+models::Family& Generator::family() {
+    if (!impl_->fam) fail(ErrorKind::Internal, "Generator::family(): the model is not open yet");
+    return *impl_->fam;
+}
+
+const GenerateParams& Generator::base() const { return impl_->base; }
+
+void Generator::open(int width, int height) {
+    Setup s = resolve(impl_->base);
+    impl_->open_for(s);
+    models::Family& fam = *impl_->fam;
+    const int m = fam.size_multiple();
+    const int W = std::max(m, width / m * m), H = std::max(m, height / m * m);
+    check_memory(fam, s, W, H);  // prints the placement plan of placed jobs
+    if (!impl_->opt.keep_loaded) return;
+    auto t0 = Clock::now();
+    for (Module mod : {Module::Te, Module::Diffusion, Module::VaeDecoder}) {
+        if (fam.module_files(mod).empty() && mod == Module::Te) continue;  // conditioning only from files
+        fam.load(mod);
+    }
+    log::info("modules loaded in {:.2f} s (kept loaded between jobs)", since(t0));
+}
+
+Image Generator::decode_preview(std::span<const float> latent, int64_t h, int64_t w) {
+    models::Family& fam = family();
+    Setup s = resolve(impl_->base);
+    return decode_latent(fam, latent, h, w, tiling_options(s.p, fam.latent_format().spatial_factor));
+}
+
 GenerateReport generate(const GenerateParams& params, const ProgressFn& progress) {
+    Generator g(params);
+    return g.run(params, progress);
+}
+
+GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& progress, const StepFn& on_step) {
     GenerateReport rep;
     Setup s = resolve(params);
     const GenerateParams& p = s.p;
@@ -710,8 +845,10 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     rep.seed = s.seed;
 
     auto t0 = Clock::now();
-    auto fam = open_model(s);
-    rep.load_s = since(t0);
+    const bool opened_here = !impl_->fam;
+    impl_->open_for(s);
+    models::Family* fam = impl_->fam.get();
+    rep.load_s = opened_here ? since(t0) : 0.0;
     rep.device = device_name(s.device);
     // what the model decides about the flags, before any stage runs
     for (const Image& r : refs) fam->check_reference_image(r.width, r.height);
@@ -800,7 +937,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
             }
         }
         if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
-        fam->unload(Module::VaeEncoder);
+        release(*fam, s, Module::VaeEncoder);
         log_peaks_after_encode(*fam);
         rep.vae_s += since(tv);
         init_hash = artifact_data_hash(posterior_artifact(*init_dist, *fam, {}));
@@ -827,7 +964,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
         }
         fam->set_reference_images(rt);
         if (fam->loaded(Module::VaeEncoder)) log_stage("encode-image", *fam, {Module::VaeEncoder}, meter);
-        fam->unload(Module::VaeEncoder);
+        release(*fam, s, Module::VaeEncoder);
         log_peaks_after_encode(*fam);
         rep.vae_s += since(tv);
         init_hash = "xxh3-128:" + hash_parts(parts);
@@ -842,13 +979,14 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     if (mask) in.mask = &mask_lat;
     if (masked_dist) in.masked_posterior = &*masked_dist;
     std::vector<std::string> infotexts;
-    auto latents = denoise_batch(*fam, s, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes);
+    auto latents = denoise_batch(*fam, s, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes, on_step,
+                                 &rep.interrupted);
     rep.compute_peak_bytes = std::max(module_bytes(*fam, Module::Te).compute, module_bytes(*fam, Module::Diffusion).compute);
 
     // Stage 4: decode.
     auto tv = Clock::now();
     StageMeter meter;
-    for (int b = 0; b < p.batch_count; ++b) {
+    for (int b = 0; b < (int)latents.size(); ++b) {  // fewer than -b when sampling was stopped
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count);
@@ -858,7 +996,7 @@ GenerateReport generate(const GenerateParams& params, const ProgressFn& progress
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
     rep.param_bytes += module_bytes(*fam, Module::VaeDecoder).params;
     rep.compute_peak_bytes = std::max(rep.compute_peak_bytes, module_bytes(*fam, Module::VaeDecoder).compute);
-    fam->unload(Module::VaeDecoder);
+    release(*fam, s, Module::VaeDecoder);
     log_peaks_after_decode(*fam);
     rep.placed_peak_bytes = fam->placement_peaks();
     rep.vae_s += since(tv);

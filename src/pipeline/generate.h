@@ -9,13 +9,23 @@
 #pragma once
 
 #include "pipeline/generate_params.h"
+#include "pipeline/image_io.h"
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace easel::models {
+class Family;
+}
+namespace easel::sampling {
+class Sampler;
+}
 
 namespace easel::pipeline {
 
@@ -36,12 +46,71 @@ struct GenerateReport {
     /// (Family::placement_peaks(); `device` and `param_bytes` then describe no single device);
     /// empty when nothing ran under a plan.
     std::map<std::string, uint64_t> placed_peak_bytes;
+    bool interrupted = false;           ///< a StepFn stopped the sampling (fewer outputs than -b)
     bool conditioning_cached = false;   ///< the conditioning came from the cache
     double te_saved_s = 0;              ///< encode time the cache hit saved (as stored)
 };
 
 /// Progress callback: (image index, step done (1-based), steps, seconds of that step).
 using ProgressFn = std::function<void(int image, int step, int steps, double seconds)>;
+
+/// What a StepFn sees after every denoising step (after the step's checkpoint is written).
+struct StepInfo {
+    int image = 0, images = 1;  ///< batch index and batch size
+    int step = 0, steps = 0;    ///< steps done of this image (1-based) and its step count
+    /// The sampler after the step: result() is the current latent [1, channels, h, w].
+    const sampling::Sampler* sampler = nullptr;
+    int64_t channels = 0, h = 0, w = 0;  ///< latent shape (cells)
+};
+/// Per-step hook of Generator::run: return false to stop sampling there (A1111's interrupt:
+/// the current latent is decoded as this image's result, later images of the batch are not
+/// made, GenerateReport::interrupted is set). An exception it throws leaves run() at once
+/// (cancel, shutdown: the step's checkpoint is on disk).
+using StepFn = std::function<bool(const StepInfo&)>;
+
+/// Options of a Generator.
+struct GeneratorOptions {
+    /// Modules stay loaded after their stage, for the next job (else each stage frees them).
+    bool keep_loaded = false;
+};
+
+/// A model opened once that runs many jobs (`easel server`); generate() is a Generator running
+/// one job. The family is opened (headers only) by open() or by the first run(); with
+/// Options::keep_loaded the modules a stage loads stay loaded for the next job (the server
+/// without placement flags), otherwise each stage frees them as generate() does. Not
+/// thread-safe: one job at a time.
+class Generator {
+public:
+    using Options = GeneratorOptions;
+    /// `base`: the model, placement and execution flags every job shares. Opens nothing yet.
+    explicit Generator(const GenerateParams& base, Options opt = {});
+    ~Generator();
+    Generator(const Generator&) = delete;
+    Generator& operator=(const Generator&) = delete;
+
+    /// Opens the family now and checks the job memory at width x height pixels (printing the
+    /// placement plan of placed jobs); with keep_loaded it also loads te, diffusion and the VAE
+    /// decoder. Throws as generate() (a model that cannot be opened, a plan that does not fit).
+    void open(int width, int height);
+    bool is_open() const;
+    /// Runs one job. `params` must name the model and execution settings of base() (model
+    /// files, --type, --prediction, --flow-shift, --guidance, --fa, -t, VAE tiling, placement):
+    /// a job that differs is refused with Error(InvalidInput) naming the flag. Everything else
+    /// (prompts, size, sampler, steps, seed, init image, mask, outputs, checkpoints) is the
+    /// job's own. Throws as generate(), and whatever on_step throws.
+    GenerateReport run(const GenerateParams& params, const ProgressFn& progress = {}, const StepFn& on_step = {});
+    /// Decodes a diffusion-space latent [1, C, h, w] with the job's decoder (VAE or TAESD),
+    /// e.g. for a live preview from a StepFn. Needs is_open().
+    Image decode_preview(std::span<const float> latent, int64_t h, int64_t w);
+    /// The open family (Error(Internal) before open()).
+    models::Family& family();
+    const GenerateParams& base() const;
+
+    struct Impl;
+
+private:
+    std::unique_ptr<Impl> impl_;
+};
 
 /// The bundled demo model (models/demo/easel-demo-shapes.safetensors), looked up through
 /// $EASEL_DEMO_MODEL, then beside the executable (build tree or install prefix), then the

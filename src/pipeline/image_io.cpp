@@ -137,6 +137,17 @@ Image decode_image(std::span<const uint8_t> bytes, int channels, std::string_vie
     return img;
 }
 
+ImageInfo probe_image(std::span<const uint8_t> bytes, std::string_view what) {
+    if (bytes.empty()) fail(ErrorKind::InvalidInput, "{} is empty (0 bytes); give a PNG, JPEG or BMP file", what);
+    if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+        fail(ErrorKind::InvalidInput, "{} is too large ({} bytes) to decode", what, bytes.size());
+    ImageInfo info;
+    if (!stbi_info_from_memory(bytes.data(), static_cast<int>(bytes.size()), &info.width, &info.height, &info.channels))
+        fail(ErrorKind::InvalidInput, "cannot read {}: {} (supported: PNG, JPEG, BMP, TGA, GIF, PSD, HDR, PNM)", what,
+             stbi_failure_reason() ? stbi_failure_reason() : "unknown format");
+    return info;
+}
+
 Image load_image(const std::filesystem::path& path, int channels) {
     const auto data = read_file(path);
     return decode_image(data, channels, platform::path_utf8(path));

@@ -35,6 +35,14 @@ struct PngTextEntry {
 /// stb's reason).
 Image load_image(const std::filesystem::path& path, int channels = 3);
 
+/// Width, height and channel count of encoded image bytes, read from the header only (no pixel
+/// is decoded: a server checks an upload's size before decoding it).
+struct ImageInfo {
+    int width = 0, height = 0, channels = 0;
+};
+/// Throws Error(InvalidInput) naming `what` when the bytes are empty or not a supported image.
+ImageInfo probe_image(std::span<const uint8_t> bytes, std::string_view what = "image");
+
 /// Same as load_image on bytes in memory; `what` names the source in error messages.
 Image decode_image(std::span<const uint8_t> bytes, int channels = 3, std::string_view what = "image");
 

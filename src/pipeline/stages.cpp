@@ -387,6 +387,10 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
         double dt = std::chrono::duration<double>(Clock::now() - ts).count();
         res.step_s.push_back(dt);
         if (control.progress) control.progress((int)sampler->step_index(), sampler->steps(), dt);
+        if (control.on_step && !control.on_step(*sampler) && !sampler->done()) {
+            res.stopped = true;
+            break;
+        }
     }
     res.latent = sampler->result();
     return res;

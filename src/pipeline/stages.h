@@ -127,6 +127,11 @@ struct DenoiseControl {
     nlohmann::json job;                    ///< job_params(): stored in checkpoints, checked on resume
     std::optional<sampling::SamplerState> resume;  ///< continue from this state
     std::function<void(int step, int steps, double seconds)> progress;
+    /// Called after every step (after its checkpoint is written and progress is reported) with
+    /// the sampler: returning false ends the sampling there, the current latent
+    /// (Sampler::result()) becoming the result (DenoiseResult::stopped; A1111's interrupt). An
+    /// exception it throws leaves denoise() as is (the step's checkpoint is already written).
+    std::function<bool(const sampling::Sampler&)> on_step;
 };
 
 /// Result of denoise.
@@ -134,6 +139,7 @@ struct DenoiseResult {
     std::vector<float> latent;   ///< [1, C, h, w] diffusion space
     std::vector<double> step_s;  ///< seconds per step run here
     int64_t resumed_at = -1;     ///< step the run resumed after (-1: fresh)
+    bool stopped = false;        ///< control.on_step ended the sampling before the last step
 };
 
 /// Samples one image: draws the noise from job.seed in diffusers' order (init posterior sample,

@@ -93,6 +93,9 @@ public:
 
     /// The complete state (x, step, schedule, RNG state, history).
     SamplerState state() const;
+    /// The denoised estimate D(x; sigma) of the last step's model evaluation, [prod(shape)] in
+    /// the latent's space (empty before the first step of this object): what live previews show.
+    const std::vector<float>& denoised() const { return den_; }
     /// The current latent; for ddim_trailing after its last step the VP-scaled sample
     /// x / sqrt(sigma_last^2 + 1) that diffusers' DDIMScheduler and sd.cpp return.
     std::vector<float> result() const;

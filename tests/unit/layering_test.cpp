@@ -31,6 +31,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
         {"runtime", {"placement", "nn", "io", "core"}},
         {"models", {"runtime", "placement", "sampling", "text", "nn", "io", "core"}},
         {"pipeline", {"models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
+        {"server", {"pipeline", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
     };
     return t;
 }
