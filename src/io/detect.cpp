@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -504,6 +506,27 @@ std::string detect_lora_target(const std::vector<TensorInfo>& ts, std::vector<st
         if (contains(n, "transformer.blocks") && (contains(n, "lora.down") || contains(n, "lora.A")) && t.shape.size() == 2) {
             tblocks_only = true;
             tb_width = t.shape[1];
+        }
+    }
+    if (flux && !flux2) {
+        // BFL names are the same in both FLUX generations; the fused widths differ: single-block
+        // linear1 = 3D + 2 * 3D (FLUX.2, SwiGLU) vs 3D + 4D (FLUX.1), img_mlp.0 = 6D vs 4D
+        std::map<std::string, int64_t> up_rows, down_cols;
+        for (auto& t : ts) {
+            if (t.shape.size() != 2) continue;
+            for (const char* suf : {".lora_up.weight", ".lora_B.weight", ".lora.up.weight"})
+                if (t.name.size() > strlen(suf) && t.name.compare(t.name.size() - strlen(suf), strlen(suf), suf) == 0)
+                    up_rows[t.name.substr(0, t.name.size() - strlen(suf))] = t.shape[0];
+            for (const char* suf : {".lora_down.weight", ".lora_A.weight", ".lora.down.weight"})
+                if (t.name.size() > strlen(suf) && t.name.compare(t.name.size() - strlen(suf), strlen(suf), suf) == 0)
+                    down_cols[t.name.substr(0, t.name.size() - strlen(suf))] = t.shape[1];
+        }
+        for (auto& [m, rows] : up_rows) {
+            auto d = down_cols.find(m);
+            if (d == down_cols.end() || d->second <= 0) continue;
+            const std::string n = norm(m);
+            if ((contains(n, "linear1") && rows == 9 * d->second) || ((contains(n, "img.mlp.0") || contains(n, "txt.mlp.0")) && rows == 6 * d->second))
+                flux2 = true;
         }
     }
     if (flux) target = flux2 ? "FLUX.2" : "FLUX.1";

@@ -114,6 +114,9 @@ LoraTarget guess_target(const std::vector<io::TensorInfo>& tensors, const Parsed
     std::vector<std::string> notes;
     g.family = io::detect_lora_target(tensors, &notes);
     if (g.family == "unknown model") g.family.clear();
+    for (const std::string& n : notes)
+        if (n.find("assumed") != std::string::npos) g.weak = true;
+    if (g.family.find("(transformer_blocks only)") != std::string::npos) g.weak = true;
     const bool unet = g.family == "SD1.x" || g.family == "SD2.x" || g.family == "SDXL";
     std::map<int64_t, int> count;
     for (const Patch& q : p.patches) {
@@ -150,20 +153,21 @@ std::string check_fit(const std::string& name, const std::vector<io::TensorInfo>
         return w > 0 ? fmt::format("{} ({} {})", family, what, w) : family;
     };
     const std::string model_s = sized(model.family, model.width, model.width_name);
-    if (!m.mismatched.empty() || m.mapped.empty()) {
-        const LoraTarget g = guess_target(tensors, p);
-        const bool same_family = !g.family.empty() && (g.family == model.family || (starts_with(g.family, "FLUX.2") && starts_with(model.family, "FLUX.2")));
-        if (g.control)
-            fail(ErrorKind::ModelMismatch,
-                 "LoRA '{}' is a FLUX Control LoRA (Canny/Depth: it widens img_in for a control image and replaces norms), which easel "
-                 "does not run; the model is {}", name, model_s);
-        if (!g.family.empty() && !same_family) {
-            if (!family_supported(g.family))
-                fail(ErrorKind::ModelMismatch, "LoRA '{}' targets {}, a model family easel does not run; the model is {}", name, g.family,
-                     model_s);
+    const LoraTarget g = guess_target(tensors, p);
+    const bool same_family =
+        !g.family.empty() && (g.family == model.family || (starts_with(g.family, "FLUX.2") && starts_with(model.family, "FLUX.2")));
+    const bool other_family = !g.family.empty() && !same_family;
+    const bool exact = m.mismatched.empty() && !m.mapped.empty() && m.unmapped.empty();
+    if (g.control)
+        fail(ErrorKind::ModelMismatch,
+             "LoRA '{}' is a FLUX Control LoRA (Canny/Depth: it widens img_in for a control image and replaces norms), which easel "
+             "does not run; the model is {}", name, model_s);
+    if (other_family && !family_supported(g.family) && (!g.weak || !exact))
+        fail(ErrorKind::ModelMismatch, "LoRA '{}' targets {}, a model family easel does not run; the model is {}", name, g.family, model_s);
+    if (!m.mismatched.empty() || m.mapped.empty() || (!m.unmapped.empty() && other_family && !g.weak)) {
+        if (other_family)
             fail(ErrorKind::ModelMismatch, "LoRA '{}' targets {}, the model is {}: use a LoRA made for {}", name,
                  sized(g.family, g.width, g.width_name), model_s, model.family);
-        }
         if (same_family && g.width > 0 && model.width > 0 && g.width != model.width && g.width_name == model.width_name)
             fail(ErrorKind::ModelMismatch, "LoRA '{}' targets {}, the model is {}: it was made for another size of {}", name,
                  sized(g.family, g.width, g.width_name), model_s, model.family);
@@ -174,16 +178,18 @@ std::string check_fit(const std::string& name, const std::vector<io::TensorInfo>
              m.mismatched.size(), total, first_few(m.mismatched, 2));
     }
     std::vector<std::string> parts;
+    if (other_family)
+        parts.push_back(fmt::format("its names also fit {}; applied as {} layers, which they match exactly", g.family, model.family));
     if (!m.unmapped.empty())
-        parts.push_back(fmt::format("{} of its {} modules match no layer of the {} model: {}", m.unmapped.size(), total, model.family,
-                                    first_few(m.unmapped)));
+        parts.push_back(fmt::format("{} of its {} modules match no layer of the {} model and are not applied: {}", m.unmapped.size(), total,
+                                    model.family, first_few(m.unmapped)));
     if (!p.unknown.empty())
-        parts.push_back(fmt::format("{} tensors of no LoRA kind: {}", p.unknown.size(), first_few(p.unknown)));
+        parts.push_back(fmt::format("{} tensors of no LoRA kind are not applied: {}", p.unknown.size(), first_few(p.unknown)));
     if (!p.embeddings.empty())
-        parts.push_back(fmt::format("{} bundled embedding vectors ({}): put them in --embd-dir to use them", p.embeddings.size(),
-                                    first_few(p.embeddings, 3)));
+        parts.push_back(fmt::format("{} bundled embedding vectors ({}) are not applied: put them in --embd-dir to use them",
+                                    p.embeddings.size(), first_few(p.embeddings, 3)));
     if (parts.empty()) return {};
-    std::string w = fmt::format("LoRA '{}': not applied: ", name);
+    std::string w = fmt::format("LoRA '{}': ", name);
     for (size_t i = 0; i < parts.size(); ++i) w += (i ? "; " : "") + parts[i];
     return w;
 }

@@ -47,6 +47,9 @@ struct LoraTarget {
     int64_t width = 0;           ///< the most common input width of its diffusion-model patches (UNet: attn2.to_k input)
     std::string width_name = "hidden";
     bool control = false;        ///< a FLUX Control LoRA (full tensors beside the pairs, a widened img_in)
+    /// The family was assumed from thin evidence (only transformer_blocks: Qwen-Image / SD3 vs a FLUX
+    /// LoRA of the double blocks alone; a UNet LoRA without cross-attention keys).
+    bool weak = false;
 };
 
 /// Guesses the target of a LoRA (see LoraTarget).
@@ -56,10 +59,14 @@ LoraTarget guess_target(const std::vector<io::TensorInfo>& tensors, const Parsed
 bool family_supported(const std::string& family);
 
 /// Decides whether the LoRA `name` may be applied to `model`. Throws Error(ModelMismatch) with
-/// one line when a patch's shapes disagree with the model or no patch matches (naming the
-/// family and size the LoRA was made for, when its names say). Returns the warning to print
-/// (empty when none): the modules that match nothing and the tensors of no LoRA kind, named
-/// (the first few) and counted, and bundled embeddings, which are not applied.
+/// one line naming the family and size the LoRA was made for (when its names say) when: a
+/// patch's shapes disagree with the model; no patch matches; some patches match nothing and its
+/// names point to another family; or its names point firmly to a family easel does not run
+/// (Qwen-Image, SD3, Anima/Cosmos, Krea 2) or to a FLUX Control LoRA. A LoRA that fits the model
+/// exactly although its names only weakly suggest another family (transformer_blocks alone) is
+/// applied, with a warning. Returns the warning to print (empty when none): that, the modules
+/// that match nothing and the tensors of no LoRA kind, named (the first few) and counted, and
+/// bundled embeddings, which are not applied.
 std::string check_fit(const std::string& name, const std::vector<io::TensorInfo>& tensors, const ParsedLora& p, const Mapping& m,
                       const ModelInfo& model);
 

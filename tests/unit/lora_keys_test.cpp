@@ -331,7 +331,7 @@ TEST(LoraKeys, SdUNetAndClipNamingSchemes) {
     ts.push_back(ti("unet.mid_block.attentions.0.transformer_blocks.0.attn1.processor.to_out_lora.up.weight", {32, 4}));
     // text encoder: kohya, PEFT, the old lora_linear_layer
     pair(ts, "lora_te_text_model_encoder_layers_0_self_attn_q_proj", 32, 32, "kohya", 4);
-    pair(ts, "text_encoder.text_model.encoder.layers.1.mlp.fc1", 37, 32, "peft", 4);
+    pair(ts, "text_encoder.text_model.encoder.layers.1.mlp.fc1", 64, 32, "peft", 4);
     ts.push_back(ti("text_encoder.text_model.encoder.layers.1.self_attn.out_proj.lora_linear_layer.down.weight", {4, 32}));
     ts.push_back(ti("text_encoder.text_model.encoder.layers.1.self_attn.out_proj.lora_linear_layer.up.weight", {32, 4}));
     // LoHa on a conv (flattened kernel) and a full diff on a norm
@@ -339,12 +339,12 @@ TEST(LoraKeys, SdUNetAndClipNamingSchemes) {
     ts.push_back(ti("lora_unet_down_blocks_1_resnets_0_conv1.hada_w1_b", {2, 16 * 9}));
     ts.push_back(ti("lora_unet_down_blocks_1_resnets_0_conv1.hada_w2_a", {32, 2}));
     ts.push_back(ti("lora_unet_down_blocks_1_resnets_0_conv1.hada_w2_b", {2, 16 * 9}));
-    ts.push_back(ti("lora_unet_conv_norm_out.diff", {32}));
-    ts.push_back(ti("lora_unet_conv_norm_out.diff_b", {32}));
+    ts.push_back(ti("lora_unet_conv_norm_out.diff", {16}));
+    ts.push_back(ti("lora_unet_conv_norm_out.diff_b", {16}));
     Fit f = fit(ts, km);
     EXPECT_TRUE(f.m.unmapped.empty()) << f.m.unmapped[0];
     EXPECT_TRUE(f.m.mismatched.empty()) << f.m.mismatched[0];
-    EXPECT_EQ(f.m.mapped.size(), 14u);
+    EXPECT_EQ(f.m.mapped.size(), 13u);
     const auto& u = km.components()[0];
     EXPECT_EQ(u.targets[(size_t)f.m.mapped[0].dest[0].target].name, "down_blocks.0.attentions.0.proj_in.weight");
     EXPECT_EQ(u.targets[(size_t)f.m.mapped[1].dest[0].target].name, "down_blocks.0.resnets.0.conv1.weight");
@@ -375,8 +375,18 @@ TEST(LoraKeys, WrongFamiliesAreRefusedNamingTheirTarget) {
     r = refusal(lora_keys("krea2_lora_kohya_format"), flux.km, flux.info());
     EXPECT_NE(r.find("targets Krea 2, a model family easel does not run"), std::string::npos) << r;
     for (const char* f : {"qwen_image_lora_diffusers_format", "qwen_image_lora_kohya_format"}) {
-        r = refusal(lora_keys(f), flux.km, flux.info());
+        r = refusal(lora_keys(f), zimage.km, zimage.info());
         EXPECT_NE(r.find("targets Qwen-Image, a model family easel does not run"), std::string::npos) << f << ": " << r;
+    }
+    r = refusal(lora_keys("qwen_image_lora_kohya_format"), flux.km, flux.info());  // img_mlp: firmly Qwen-Image
+    EXPECT_NE(r.find("targets Qwen-Image, a model family easel does not run"), std::string::npos) << r;
+    // The diffusers Qwen-Image list holds only transformer_blocks.{0,1}.attn.to_{q,k} of width 3072: exactly
+    // the names and shapes of a FLUX.1 LoRA of those layers. It is applied to FLUX.1, with a warning.
+    {
+        const auto ts = lora_keys("qwen_image_lora_diffusers_format");
+        Fit f = fit(ts, flux.km);
+        const std::string w = check_fit("q", ts, f.parsed, f.m, flux.info());
+        EXPECT_NE(w.find("LoRA 'q': its names also fit Qwen-Image; applied as FLUX.1 layers"), std::string::npos) << w;
     }
     // the FLUX Control LoRA (img_in widened to 128 inputs, norm scales replaced)
     r = refusal(lora_keys("flux_control_lora_format"), flux.km, flux.info());
@@ -394,10 +404,10 @@ TEST(LoraKeys, PartialMatchesAreNamedInOneWarning) {
     ts.push_back(ti("some.full.tensor", {3}));
     Fit f = fit(ts, model.km);
     const std::string w = check_fit("mine", ts, f.parsed, f.m, model.info());
-    EXPECT_NE(w.find("LoRA 'mine': not applied: 1 of its 305 modules match no layer of the FLUX.1 model: lora_unet_no_such_block_0"),
+    EXPECT_NE(w.find("LoRA 'mine': 1 of its 305 modules match no layer of the FLUX.1 model and are not applied: lora_unet_no_such_block_0"),
               std::string::npos) << w;
-    EXPECT_NE(w.find("1 tensors of no LoRA kind: some.full.tensor"), std::string::npos) << w;
-    EXPECT_NE(w.find("1 bundled embedding vectors (emb_params)"), std::string::npos) << w;
+    EXPECT_NE(w.find("1 tensors of no LoRA kind are not applied: some.full.tensor"), std::string::npos) << w;
+    EXPECT_NE(w.find("1 bundled embedding vectors (emb_params) are not applied"), std::string::npos) << w;
 }
 
 TEST(LoraKeys, MalformedAndOldFormatsAreRefused) {
