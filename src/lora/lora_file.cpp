@@ -164,8 +164,8 @@ ParsedLora parse_keys(const std::vector<io::TensorInfo>& tensors, const std::str
         auto name = [&](Role r) { return get(r) ? get(r)->name : std::string(); };
         auto bad = [&](const std::string& msg) { fail(ErrorKind::InvalidInput, "{}: LoRA module '{}': {}", what, module, msg); };
         auto need_pair = [&](Role a, Role b, const char* an, const char* bn) {
-            if (get(a) && !get(b)) bad(fmt::format("has {} but no {}; the file is incomplete", an, bn));
-            if (get(b) && !get(a)) bad(fmt::format("has {} but no {}; the file is incomplete", bn, an));
+            if (get(a) && !get(b)) bad(fmt::format("has {} without {}; the file is incomplete", an, bn));
+            if (get(b) && !get(a)) bad(fmt::format("has {} without {}; the file is incomplete", bn, an));
         };
         need_pair(Role::Up, Role::Down, "an up (lora_B) weight", "a down (lora_A) weight");
         need_pair(Role::W1a, Role::W1b, "hada_w1_a", "hada_w1_b");
@@ -402,6 +402,14 @@ Tensor LoraFile::read(const std::string& name) const {
             fail(ErrorKind::InvalidInput, "{}: tensor '{}' holds a non-finite value ({}) at element {}; the LoRA file is broken", what_, name,
                  r.data[i], i);
     return r;
+}
+
+void LoraFile::check_values() const {
+    for (const Patch& p : parsed_.patches)
+        for (const std::string* n : {&p.up, &p.down, &p.mid, &p.hada_w1_a, &p.hada_w1_b, &p.hada_w2_a, &p.hada_w2_b, &p.hada_t1, &p.hada_t2,
+                                     &p.lokr_w1, &p.lokr_w1_a, &p.lokr_w1_b, &p.lokr_w2, &p.lokr_w2_a, &p.lokr_w2_b, &p.lokr_t2, &p.diff,
+                                     &p.diff_b, &p.bias, &p.alpha, &p.dora_scale})
+            if (!n->empty()) (void)read(*n);
 }
 
 float LoraFile::scale(const Patch& p) const {

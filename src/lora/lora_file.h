@@ -105,6 +105,8 @@ public:
     /// A tensor as F32 (any stored float or quantised type). Throws Error(InvalidInput) naming
     /// the file and tensor when a value is NaN or infinite.
     Tensor read(const std::string& name) const;
+    /// Reads every tensor of every patch once: Error(InvalidInput) naming the first non-finite value.
+    void check_values() const;
     /// The scale of a patch's update: its alpha tensor / rank; for a LoRA without an alpha
     /// tensor, the adapter config diffusers saves in the file's "lora_adapter_metadata"
     /// (per component prefix: lora_alpha, alpha_pattern, use_rslora: alpha / sqrt(rank)) or PEFT's

@@ -118,6 +118,7 @@ void check_loras(Setup& s) {
             continue;
         }
         const lora::LoraFile f = lora::LoraFile::open(r.path);
+        f.check_values();
         fail(ErrorKind::Unsupported,
              "LoRA '{}' ({}, {} modules) is read and checked, but applying LoRAs to a model is not in this build yet; remove it "
              "(or give it weight 0) to generate without it",

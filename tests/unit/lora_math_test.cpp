@@ -7,9 +7,11 @@
 #include "core/error.h"
 #include "lora_test_support.h"
 
+#include <gguf.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 using namespace easel;
 using namespace easel::lora;
@@ -203,5 +205,43 @@ TEST(LoraMath, ScaleFromDiffusersAdapterMetadata) {
     EXPECT_FLOAT_EQ(lf.scale(ps[1]), 0.5f);   // alpha_pattern: 2 / 4
     EXPECT_FLOAT_EQ(lf.scale(ps[2]), 1.0f);   // no config for text_encoder.: alpha = r
     EXPECT_FLOAT_EQ(lf.scale(ps[3]), 4.0f);   // rsLoRA: 8 / sqrt(4)
+    std::filesystem::remove_all(dir);
+}
+
+TEST(LoraMath, GgufContainerReadsLikeSafetensors) {
+    // A kohya LoRA in a GGUF container (F32 up, Q8_0 down as sd.cpp's converter can write it, F32 alpha):
+    // the patches and the update are those of the same tensors in safetensors, with down Q8_0-rounded.
+    std::vector<float> up(64 * 2), down(2 * 32);
+    for (size_t i = 0; i < up.size(); ++i) up[i] = 0.01f * (float)((int)(i % 13) - 6);
+    for (size_t i = 0; i < down.size(); ++i) down[i] = 0.02f * (float)((int)(i % 7) - 3);
+    const auto dir = lora_test::temp_dir("lora_gguf");
+    ggml_init_params ip{1 << 20, nullptr, false};
+    ggml_context* ctx = ggml_init(ip);
+    gguf_context* g = gguf_init_empty();
+    ggml_tensor* tu = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2, 64);    // ggml ne {r, out} = PyTorch [64, 2]
+    std::memcpy(tu->data, up.data(), up.size() * 4);
+    ggml_set_name(tu, "lora_unet_x.lora_up.weight");
+    ggml_tensor* td = ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 32, 2);   // PyTorch [2, 32], Q8_0
+    ggml_quantize_chunk(GGML_TYPE_Q8_0, down.data(), td->data, 0, 2, 32, nullptr);
+    ggml_set_name(td, "lora_unet_x.lora_down.weight");
+    ggml_tensor* ta = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1);
+    *(float*)ta->data = 4.0f;
+    ggml_set_name(ta, "lora_unet_x.alpha");
+    for (ggml_tensor* t : {tu, td, ta}) gguf_add_tensor(g, t);
+    const auto path = dir / "x.gguf";
+    ASSERT_TRUE(gguf_write_to_file(g, path.c_str(), false));
+    gguf_free(g);
+    ggml_free(ctx);
+    LoraFile lf = LoraFile::open(path);
+    ASSERT_EQ(lf.parsed().patches.size(), 1u);
+    const Patch& p = lf.parsed().patches[0];
+    EXPECT_EQ(p.delta_shape, (std::vector<int64_t>{64, 32}));
+    EXPECT_FLOAT_EQ(lf.scale(p), 2.0f);
+    // the reference: the same math on the Q8_0-rounded down
+    std::vector<float> dq = to_f32(from_f32(down, GGML_TYPE_Q8_0, 32), GGML_TYPE_Q8_0, 64);
+    Tensor want = lora_delta(T({64, 2}, up), T({2, 32}, dq), nullptr, 2.0f);
+    Tensor got = patch_delta(lf, p);
+    ASSERT_EQ(got.shape, want.shape);
+    for (size_t i = 0; i < want.data.size(); ++i) ASSERT_EQ(got.data[i], want.data[i]) << i;
     std::filesystem::remove_all(dir);
 }
