@@ -441,3 +441,31 @@ TEST(LoraKeys, MalformedAndOldFormatsAreRefused) {
     // an alpha alone patches nothing and is not an error
     EXPECT_TRUE(parse_keys({ti("a.alpha", {})}, "f").patches.empty());
 }
+
+TEST(LoraKeys, SdxlTextEncoderPrefixes) {
+    // SDXL's kohya LoRAs name CLIP-L lora_te1_ and CLIP-G (OpenCLIP bigG in transformers names) lora_te2_;
+    // diffusers text_encoder. / text_encoder_2. (the UNet side uses the UNet key map of SD1.x/2.x).
+    models::clip::ClipConfig g;
+    g.vocab = 49408;
+    g.width = 1280;
+    g.layers = 32;
+    g.positions = 77;
+    g.intermediate = 5120;
+    g.heads = 20;
+    g.projection = 1280;
+    g.act = models::clip::Activation::Gelu;
+    models::clip::ClipTextModel l_model(clip_l()), g_model(g);
+    KeyMap km;
+    add_clip_targets(km, "clip_l", 0, l_model, clip_l());
+    add_clip_targets(km, "clip_g", 1, g_model, g);
+    std::vector<TensorInfo> ts;
+    pair(ts, "lora_te1_text_model_encoder_layers_11_self_attn_q_proj", 768, 768, "kohya", 8);
+    pair(ts, "lora_te2_text_model_encoder_layers_31_mlp_fc2", 1280, 5120, "kohya", 8);
+    pair(ts, "text_encoder_2.text_model.encoder.layers.0.self_attn.k_proj", 1280, 1280, "peft", 8);
+    pair(ts, "text_encoder.text_model.encoder.layers.0.mlp.fc1", 3072, 768, "peft", 8);
+    Fit f = fit(ts, km);
+    ASSERT_EQ(f.m.mapped.size(), 4u);
+    EXPECT_TRUE(f.m.unmapped.empty() && f.m.mismatched.empty());
+    const char* want[] = {"clip_l", "clip_g", "clip_g", "clip_l"};
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(km.components()[(size_t)f.m.mapped[i].component].name, want[i]) << i;
+}
