@@ -93,7 +93,12 @@ def peft_lora(model, targets, seed):
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets, init_lora_weights=True)
+    # the suffixes resolved to full names of Linear / Conv2d modules only (a suffix such as "attn.to_out"
+    # would also name FLUX.2's double-block ModuleList, which peft cannot wrap)
+    full = sorted(n for n, mod in model.named_modules()
+                  if isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d)) and any(n == t or n.endswith("." + t) for t in targets))
+    assert full, f"no module of {type(model).__name__} matches {targets}"
+    cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=full, init_lora_weights=True)
     model.add_adapter(cfg, adapter_name="mk")
     randomize_lora(model, seed, "mk")
     sd = {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model, adapter_name="mk").items()}
@@ -254,7 +259,7 @@ def family(fam, a, meta):
     if fam == "sd":
         cfg = case["diffusers_scheduler_config"]
         assert case["diffusers_scheduler"] == "EulerDiscreteScheduler", case["diffusers_scheduler"]
-        pipe.scheduler = EulerDiscreteScheduler(**cfg)
+        pipe.scheduler = EulerDiscreteScheduler.from_config(cfg)
     base_img, _ = run_pipe(fam, pipe, case)
     ref_png = os.path.join(REF, "sd_tiny" if fam == "sd" else f"{fam}_tiny", case["png"])
     base_vs_committed = float(np.abs(np.asarray(Image.open(ref_png), np.float32) / 255.0 - base_img).max())
@@ -296,7 +301,8 @@ def family(fam, a, meta):
     info["files"] = {"diffusers": os.path.basename(dpath), "kohya": os.path.basename(kpath),
                      "diffusers_tensors": len(saved), "kohya_tensors": len(kohya)}
 
-    pipe.load_lora_weights(dpath, adapter_name="ref")
+    # a folder + weight_name: with HF_HUB_OFFLINE diffusers does not guess a file name
+    pipe.load_lora_weights(a.out, weight_name=os.path.basename(dpath), adapter_name="ref")
     info["images"] = {}
     for w in WEIGHTS:
         set_weight(pipe, w)
@@ -311,7 +317,7 @@ def family(fam, a, meta):
     pipe.unload_lora_weights()
     # diffusers' own converters on the kohya form (where it has them): the same image at weight 1
     try:
-        pipe.load_lora_weights(kpath, adapter_name="ref")
+        pipe.load_lora_weights(a.out, weight_name=os.path.basename(kpath), adapter_name="ref")
         set_weight(pipe, 1.0)
         img, _ = run_pipe(fam, pipe, case)
         first = np.asarray(Image.open(os.path.join(a.out, f"{fam}_w1.0.png")), np.float32) / 255.0
@@ -333,7 +339,7 @@ def textual_inversion(a, meta):
     pipe = StableDiffusionPipeline.from_pretrained(os.path.join(REF, "sd_tiny", "diffusers"), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     case = load_case("sd")
-    pipe.scheduler = EulerDiscreteScheduler(**case["diffusers_scheduler_config"])
+    pipe.scheduler = EulerDiscreteScheduler.from_config(case["diffusers_scheduler_config"])
     table = pipe.text_encoder.get_input_embeddings().weight.detach()
     g = torch.Generator().manual_seed(21)
     vec = (torch.randn((2, table.shape[1]), generator=g) * table.std()).half().float()
@@ -377,7 +383,9 @@ def module_refs(a, meta):
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(32)).half().float()
     out = {"base.weight": base.m.weight.detach().clone(), "base.bias": base.m.bias.detach().clone(), "x": x}
     cfgs = {"loha": LoHaConfig(r=4, alpha=2.0, target_modules=["m"], init_weights=False),
-            "lokr": LoKrConfig(r=2, alpha=4.0, target_modules=["m"], init_weights=False, decompose_both=False),
+            # r = 1 keeps lokr_w2 factored (peft keeps it whole once r >= max(factor)/2, and then scales by
+            # alpha / r where LyCORIS and ComfyUI use 1)
+            "lokr": LoKrConfig(r=1, alpha=2.0, target_modules=["m"], init_weights=False, decompose_both=False),
             "dora": LoraConfig(r=4, lora_alpha=8.0, target_modules=["m"], use_dora=True, init_lora_weights=True)}
     info = {}
     for name, cfg in cfgs.items():
