@@ -2,7 +2,6 @@
 #include "lora/math.h"
 
 #include "core/error.h"
-#include "io/readers.h"
 
 #include <fmt/ranges.h>
 
@@ -272,7 +271,13 @@ std::vector<float> to_f32(std::span<const uint8_t> bytes, ggml_type type, int64_
     if (numel % blck != 0 || bytes.size() != (size_t)(numel / blck) * ggml_type_size(type))
         fail(ErrorKind::InvalidInput, "{} bytes of {} do not hold {} values", bytes.size(), ggml_type_name(type), numel);
     std::vector<float> out((size_t)numel);
-    io::to_f32(bytes.data(), io::DType::Ggml, type, numel, out.data());
+    if (type == GGML_TYPE_F32) {
+        std::memcpy(out.data(), bytes.data(), bytes.size());
+        return out;
+    }
+    const ggml_type_traits* tr = ggml_get_type_traits(type);
+    if (!tr || !tr->to_float) fail(ErrorKind::Unsupported, "weights of type {} cannot be read as F32", ggml_type_name(type));
+    tr->to_float(bytes.data(), out.data(), numel);
     return out;
 }
 

@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "text/unicode.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
