@@ -533,10 +533,6 @@ std::string detect_lora_target(const std::vector<TensorInfo>& ts, std::vector<st
     else if (qwen) target = "Qwen-Image";
     else if (zimg) target = "Z-Image";
     else if (sd3) target = "SD3";
-    else if (tblocks_only && tb_width == 3072) {
-        target = "Qwen-Image";
-        notes.push_back("only transformer_blocks keys of width 3072: Qwen-Image assumed (a FLUX.1 LoRA would also touch single blocks)");
-    } else if (tblocks_only) target = "SD3 (transformer_blocks only)";
     else if (unet) {
         // Cross-attention key input width names the UNet family: 768 SD1.x, 1024 SD2.x, 2048 SDXL.
         int64_t ctx = -1;
@@ -553,6 +549,11 @@ std::string detect_lora_target(const std::vector<TensorInfo>& ts, std::vector<st
                 if (starts(t.name, "text_encoder:") && t.shape.size() == 2 && (t.shape[1] == 768 || t.shape[0] == 768)) ctx = 768;
             if (ctx < 0) notes.push_back("UNet LoRA without cross-attention keys: SD1.x assumed");
         }
+    } else if (tblocks_only && tb_width == 3072) {
+        target = "Qwen-Image";
+        notes.push_back("only transformer_blocks keys of width 3072: Qwen-Image assumed (a FLUX.1 LoRA would also touch single blocks)");
+    } else if (tblocks_only) {
+        target = "SD3 (transformer_blocks only)";
     } else if (cosmos) {
         target = "Anima/Cosmos";
     } else if (krea) {

@@ -303,7 +303,9 @@ TEST(LoraKeys, KleinLayoutsAndSizes) {
 
 TEST(LoraKeys, SdUNetAndClipNamingSchemes) {
     const io::WeightIndex unet_idx = io::WeightIndex::open(lora_test::kData / "reference" / "unet_sd15_tiny.safetensors");
-    const models::sd::UNetConfig ucfg = models::sd::infer_unet_config(unet_idx);
+    std::ifstream side(lora_test::kData / "reference" / "unet_sd15_tiny.json");  // the fixture's diffusers config (8 groups)
+    const models::sd::UNetConfig ucfg =
+        models::sd::infer_unet_config(unet_idx, models::sd::unet_overrides_from_diffusers_config(nlohmann::json::parse(side).at("config")));
     models::sd::UNet2DCondition unet(ucfg);
     const io::WeightIndex clip_idx = io::WeightIndex::open(lora_test::kData / "reference" / "clip_text_sd15_tiny.safetensors");
     const auto keys = models::clip::find_clip_text_encoders(clip_idx);
