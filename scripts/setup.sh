@@ -11,7 +11,7 @@ cd "$root"
 # (a Node.js install brings its own npm, which conflicts with Debian's npm package).
 PACKAGES=(build-essential pkg-config
   libstb-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
-  libxxhash-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev libssl-dev libsqlite3-dev libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev  # clang + its sanitizer/libFuzzer runtimes: CI's sanitizer build (scripts/sanitize.sh)
   chromium)  # chromium: the server page's test in headless Chromium (tests/cli/server_page.sh)
 declare -A TOOLS=([cmake]=cmake [git]=git [npm]=npm [python3]=python3)

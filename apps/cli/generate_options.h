@@ -45,6 +45,18 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("-n,--negative-prompt", p.negative_prompt, "The negative prompt")->group(g);
     app.add_option("--clip-skip", p.clip_skip, "Ignore the last CLIP layers: 1 none, 2 one (default: 1 for SD1.x, 2 for SD2.x)")->group(g);
 
+    g = "LoRA and embeddings";
+    app.add_option("--lora-model-dir", p.lora_model_dir, "Folder the <lora:NAME:WEIGHT> tags of the prompts name files in")->group(g);
+    app.add_option("--lora-apply-mode", p.lora_apply_mode,
+                   "auto (at run time for quantised or row-split weights, else merged at load), immediately, at_runtime")
+        ->check(CLI::IsMember({"auto", "immediately", "at_runtime"}))
+        ->group(g);
+    app.add_option("--lora", p.loras, "A LoRA file to apply, FILE[:WEIGHT] (default weight 1); repeat the flag for several")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)  // every --lora counts
+        ->allow_extra_args(false)
+        ->group(g);
+    app.add_option("--embd-dir", p.embd_dir, "Folder of textual-inversion embeddings, named in the prompt by file name")->group(g);
+
     g = "Sampling";
     app.add_option("--cfg-scale", p.cfg_scale, "Classifier-free guidance scale (default 7.0; 1 disables the negative pass)")->group(g);
     app.add_option("--guidance", p.guidance, "Distilled guidance for models with a guidance input (default 3.5)")->group(g);

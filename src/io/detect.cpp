@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -470,6 +472,100 @@ bool is_lora_key(const std::string& n) {
            contains(n, ".lora.up.") || ((contains(n, ":down") || contains(n, ":up")) && n.find(':') != std::string::npos);
 }
 
+}  // namespace
+
+std::string detect_lora_target(const std::vector<TensorInfo>& ts, std::vector<std::string>* notes_out) {
+    std::vector<std::string> scratch;
+    std::vector<std::string>& notes = notes_out ? *notes_out : scratch;
+    std::string target;
+    auto norm = [](std::string n) {
+        for (auto& c : n)
+            if (c == '_') c = '.';
+        return n;
+    };
+    bool tblocks_only = false;
+    int64_t tb_width = -1;
+    bool flux = false, flux2 = false, qwen = false, unet = false, zimg = false, sd3 = false, cosmos = false, krea = false;
+    for (auto& t : ts) {
+        const std::string n = norm(t.name);
+        // Z-Image (Lumina-style) blocks: layers.N.attention.{to_q,qkv,to_out} / feed_forward.w1-3
+        if (contains(n, "layers.") && (contains(n, ".attention.to.q") || contains(n, ".attention.qkv") || contains(n, ".attention.to.out") ||
+                                       contains(n, ".feed.forward.w")))
+            zimg = true;
+        if (contains(n, "txtfusion") || contains(n, ".attn.wq") || contains(n, "unet.tproj")) krea = true;
+        if (contains(n, "double.blocks") || contains(n, "single.blocks") || contains(n, "single.transformer.blocks")) flux = true;
+        if (contains(n, "to.qkv.mlp.proj") || contains(n, "double.stream.modulation")) flux2 = true;
+        if (contains(n, "img.mlp") || contains(n, "txt.mlp") || contains(n, "img.mod")) qwen = true;
+        if (contains(n, "input.blocks") || contains(n, "down.blocks") || contains(n, "output.blocks") || contains(n, "up.blocks") ||
+            contains(n, "unet:"))
+            unet = true;
+        if (contains(n, "noise.refiner") || contains(n, "context.refiner")) zimg = true;
+        if (contains(n, "blocks") && (contains(n, "mlp.layer1") || contains(n, "adaln.modulation.cross.attn"))) cosmos = true;
+        if (contains(n, "joint.blocks")) sd3 = true;
+        if (contains(n, "cross.attn") && contains(n, "blocks")) cosmos = true;
+        if (contains(n, "transformer.blocks") && (contains(n, "lora.down") || contains(n, "lora.A")) && t.shape.size() == 2) {
+            tblocks_only = true;
+            tb_width = t.shape[1];
+        }
+    }
+    if (flux && !flux2) {
+        // BFL names are the same in both FLUX generations; the fused widths differ: single-block
+        // linear1 = 3D + 2 * 3D (FLUX.2, SwiGLU) vs 3D + 4D (FLUX.1), img_mlp.0 = 6D vs 4D
+        std::map<std::string, int64_t> up_rows, down_cols;
+        for (auto& t : ts) {
+            if (t.shape.size() != 2) continue;
+            for (const char* suf : {".lora_up.weight", ".lora_B.weight", ".lora.up.weight"})
+                if (t.name.size() > strlen(suf) && t.name.compare(t.name.size() - strlen(suf), strlen(suf), suf) == 0)
+                    up_rows[t.name.substr(0, t.name.size() - strlen(suf))] = t.shape[0];
+            for (const char* suf : {".lora_down.weight", ".lora_A.weight", ".lora.down.weight"})
+                if (t.name.size() > strlen(suf) && t.name.compare(t.name.size() - strlen(suf), strlen(suf), suf) == 0)
+                    down_cols[t.name.substr(0, t.name.size() - strlen(suf))] = t.shape[1];
+        }
+        for (auto& [m, rows] : up_rows) {
+            auto d = down_cols.find(m);
+            if (d == down_cols.end() || d->second <= 0) continue;
+            const std::string n = norm(m);
+            if ((contains(n, "linear1") && rows == 9 * d->second) || ((contains(n, "img.mlp.0") || contains(n, "txt.mlp.0")) && rows == 6 * d->second))
+                flux2 = true;
+        }
+    }
+    if (flux) target = flux2 ? "FLUX.2" : "FLUX.1";
+    else if (qwen) target = "Qwen-Image";
+    else if (zimg) target = "Z-Image";
+    else if (sd3) target = "SD3";
+    else if (unet) {
+        // Cross-attention key input width names the UNet family: 768 SD1.x, 1024 SD2.x, 2048 SDXL.
+        int64_t ctx = -1;
+        bool te2 = false;
+        for (auto& t : ts) {
+            const std::string n = norm(t.name);
+            if (starts(t.name, "lora_te2_") || contains(t.name, "text_encoder_2")) te2 = true;
+            if (contains(n, "attn2.to.k") && (contains(n, "lora.down") || contains(n, "lora.A")) && t.shape.size() == 2) ctx = t.shape[1];
+        }
+        target = (te2 || ctx == 2048) ? "SDXL" : ctx == 1024 ? "SD2.x" : "SD1.x";
+        if (ctx < 0 && !te2) {
+            // cloneofsimo: text encoder rank-r pairs of width 768 (CLIP-L) mean SD1.x.
+            for (auto& t : ts)
+                if (starts(t.name, "text_encoder:") && t.shape.size() == 2 && (t.shape[1] == 768 || t.shape[0] == 768)) ctx = 768;
+            if (ctx < 0) notes.push_back("UNet LoRA without cross-attention keys: SD1.x assumed");
+        }
+    } else if (tblocks_only && tb_width == 3072) {
+        target = "Qwen-Image";
+        notes.push_back("only transformer_blocks keys of width 3072: Qwen-Image assumed (a FLUX.1 LoRA would also touch single blocks)");
+    } else if (tblocks_only) {
+        target = "SD3 (transformer_blocks only)";
+    } else if (cosmos) {
+        target = "Anima/Cosmos";
+    } else if (krea) {
+        target = "Krea 2";
+    } else {
+        target = "unknown model";
+    }
+    return target;
+}
+
+namespace {
+
 bool detect_lora(const std::vector<TensorInfo>& ts, Detection& d) {
     size_t n_lora = 0;
     for (auto& t : ts) n_lora += is_lora_key(t.name);
@@ -506,61 +602,7 @@ bool detect_lora(const std::vector<TensorInfo>& ts, Detection& d) {
             ++full;
     std::string kind_s;
     for (auto& k : kinds) kind_s += (kind_s.empty() ? "" : "+") + k;
-    // Target model.
-    std::string target;
-    auto norm = [](std::string n) {
-        for (auto& c : n)
-            if (c == '_') c = '.';
-        return n;
-    };
-    bool tblocks_only = false;
-    int64_t tb_width = -1;
-    bool flux = false, flux2 = false, qwen = false, unet = false, zimg = false, sd3 = false, cosmos = false;
-    for (auto& t : ts) {
-        const std::string n = norm(t.name);
-        if (contains(n, "double.blocks") || contains(n, "single.blocks") || contains(n, "single.transformer.blocks")) flux = true;
-        if (contains(n, "to.qkv.mlp.proj") || contains(n, "double.stream.modulation")) flux2 = true;
-        if (contains(n, "img.mlp") || contains(n, "txt.mlp") || contains(n, "img.mod")) qwen = true;
-        if (contains(n, "input.blocks") || contains(n, "down.blocks") || contains(n, "output.blocks") || contains(n, "up.blocks") ||
-            contains(n, "unet:"))
-            unet = true;
-        if (contains(n, "noise.refiner") || contains(n, "context.refiner")) zimg = true;
-        if (contains(n, "joint.blocks")) sd3 = true;
-        if (contains(n, "cross.attn") && contains(n, "blocks")) cosmos = true;
-        if (contains(n, "transformer.blocks") && (contains(n, "lora.down") || contains(n, "lora.A")) && t.shape.size() == 2) {
-            tblocks_only = true;
-            tb_width = t.shape[1];
-        }
-    }
-    if (flux) target = flux2 ? "FLUX.2" : "FLUX.1";
-    else if (qwen) target = "Qwen-Image";
-    else if (zimg) target = "Z-Image";
-    else if (sd3) target = "SD3";
-    else if (tblocks_only && tb_width == 3072) {
-        target = "Qwen-Image";
-        d.notes.push_back("only transformer_blocks keys of width 3072: Qwen-Image assumed (a FLUX.1 LoRA would also touch single blocks)");
-    } else if (tblocks_only) target = "SD3 (transformer_blocks only)";
-    else if (unet) {
-        // Cross-attention key input width names the UNet family: 768 SD1.x, 1024 SD2.x, 2048 SDXL.
-        int64_t ctx = -1;
-        bool te2 = false;
-        for (auto& t : ts) {
-            const std::string n = norm(t.name);
-            if (starts(t.name, "lora_te2_") || contains(t.name, "text_encoder_2")) te2 = true;
-            if (contains(n, "attn2.to.k") && (contains(n, "lora.down") || contains(n, "lora.A")) && t.shape.size() == 2) ctx = t.shape[1];
-        }
-        target = (te2 || ctx == 2048) ? "SDXL" : ctx == 1024 ? "SD2.x" : "SD1.x";
-        if (ctx < 0 && !te2) {
-            // cloneofsimo: text encoder rank-r pairs of width 768 (CLIP-L) mean SD1.x.
-            for (auto& t : ts)
-                if (starts(t.name, "text_encoder:") && t.shape.size() == 2 && (t.shape[1] == 768 || t.shape[0] == 768)) ctx = 768;
-            if (ctx < 0) d.notes.push_back("UNet LoRA without cross-attention keys: SD1.x assumed");
-        }
-    } else if (cosmos) {
-        target = "Cosmos/Anima (family not supported)";
-    } else {
-        target = "unknown model";
-    }
+    std::string target = detect_lora_target(ts, &d.notes);
     d.variant = kind_s + " for " + target;
     d.layout = fmt_name;
     if (full > 0) {

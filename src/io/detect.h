@@ -50,4 +50,10 @@ Detection detect(const WeightIndex& wi);
 Detection detect(const std::vector<TensorInfo>& tensors, const std::map<std::string, MetaValue>& meta = {},
                  const nlohmann::json* config = nullptr);
 
+/// The model family a LoRA's tensor names (and a few widths) point to: "FLUX.1", "FLUX.2",
+/// "Qwen-Image", "Z-Image", "SD3", "SD3 (transformer_blocks only)", "SDXL", "SD2.x", "SD1.x",
+/// "Anima/Cosmos", "Krea 2" or "unknown model" (rules in docs/formats.md). What the names cannot
+/// decide is added to `notes` when given.
+std::string detect_lora_target(const std::vector<TensorInfo>& tensors, std::vector<std::string>* notes = nullptr);
+
 }  // namespace easel::io

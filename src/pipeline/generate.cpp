@@ -5,6 +5,8 @@
 #include "core/platform.h"
 #include "core/strings.h"
 #include "easel_version.h"
+#include "lora/lora_file.h"
+#include "lora/request.h"
 #include "models/family.h"
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
@@ -16,6 +18,8 @@
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "sampling/sampler.h"
+#include "text/embeddings.h"
+#include "text/prompt_syntax.h"
 
 #include <algorithm>
 #include <cctype>
@@ -88,7 +92,41 @@ struct Setup {
     std::vector<std::pair<int64_t, int64_t>> encode_sizes, reference_sizes;
     /// Generator::Options::keep_loaded: a stage leaves its modules loaded for the next job.
     bool keep_loaded = false;
+    /// The LoRAs of the job (--lora, prompt tags), resolved and with their files' headers checked.
+    std::vector<lora::LoraRequest> loras;
 };
+
+/// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
+/// before anything runs: every file found, every weight a number, every LoRA file's keys one of
+/// the known formats. Applying them to the model is not in this build yet: a LoRA of non-zero
+/// weight is refused with that reason rather than ignored.
+void check_loras(Setup& s) {
+    const GenerateParams& p = s.p;
+    (void)lora::parse_apply_mode(p.lora_apply_mode);
+    if (!p.lora_model_dir.empty() && !std::filesystem::is_directory(p.lora_model_dir))
+        fail(ErrorKind::Io, "--lora-model-dir '{}' is not a folder", p.lora_model_dir);
+    const bool tags = p.prompt.find('<') != std::string::npos || p.negative_prompt.find('<') != std::string::npos;
+    s.loras = lora::collect_loras(p.loras, tags ? text::extract_extra_networks(p.prompt) : text::PromptTags{},
+                                  tags ? text::extract_extra_networks(p.negative_prompt) : text::PromptTags{}, p.lora_model_dir);
+    for (const lora::LoraRequest& r : s.loras) {
+        if (!r.active()) {
+            log::info("LoRA '{}' ({}) has weight 0: off", r.name, r.path.string());
+            continue;
+        }
+        const lora::LoraFile f = lora::LoraFile::open(r.path);
+        f.check_values();
+        fail(ErrorKind::Unsupported,
+             "LoRA '{}' ({}, {} modules) is read and checked, but applying LoRAs to a model is not in this build yet; remove it "
+             "(or give it weight 0) to generate without it",
+             r.name, r.path.string(), f.parsed().patches.size());
+    }
+    if (!p.embd_dir.empty()) {
+        const auto found = text::list_embeddings(p.embd_dir);
+        log::warn("--embd-dir {}: {} embeddings found, but textual-inversion embeddings are not applied by this build yet: their names "
+                  "in the prompt stay text",
+                  p.embd_dir, found.size());
+    }
+}
 
 /// Frees module m after its stage, unless the job runs on a Generator that keeps its modules.
 void release(models::Family& fam, const Setup& s, Module m) {
@@ -161,6 +199,7 @@ Setup resolve(const GenerateParams& params) {
     // model is open (apply_family_defaults).
     if (!p.sampling_method.empty()) s.method = sampling::parse_sampler(p.sampling_method);
     if (!p.scheduler.empty()) s.sched = sampling::parse_scheduler(p.scheduler);
+    check_loras(s);
     s.rng_kind = sampling::parse_rng_kind(p.rng);
     s.sampler_rng_kind = p.sampler_rng.empty() ? s.rng_kind : sampling::parse_rng_kind(p.sampler_rng);
     s.threads = p.threads > 0 ? p.threads : (int)std::max(1u, std::thread::hardware_concurrency());

@@ -28,6 +28,12 @@ struct GenerateParams {
     std::string negative_prompt;  ///< -n
     int clip_skip = -1;           ///< --clip-skip: <= 0 means family default (1 SD1.x, 2 SD2.x)
 
+    // LoRA and textual inversion (docs/lora.md)
+    std::string lora_model_dir;   ///< --lora-model-dir: where <lora:NAME:W> tags are resolved
+    std::string lora_apply_mode = "auto";  ///< --lora-apply-mode: auto, immediately, at_runtime
+    std::vector<std::string> loras;  ///< --lora FILE[:WEIGHT], repeatable
+    std::string embd_dir;         ///< --embd-dir: textual-inversion embeddings named in the prompt by file name
+
     // sampling
     float cfg_scale = 7.0f;       ///< --cfg-scale
     float guidance = 3.5f;        ///< --guidance (distilled-guidance models)

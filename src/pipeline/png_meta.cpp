@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -394,6 +395,22 @@ std::string a1111_scheduler_name(std::string_view scheduler) {
     for (const auto& p : kSchedulers)
         if (p.method == scheduler) return std::string(p.a1111);
     return std::string(scheduler);
+}
+
+std::string lora_hashes_value(const std::vector<std::pair<std::string, std::string>>& name_hash) {
+    std::vector<std::pair<std::string, std::string>> kept;  // a dict in A1111: insertion order, last value wins
+    for (const auto& [name, hash] : name_hash) {
+        std::string n;
+        for (char c : name)
+            if (c != ':' && c != ',') n += c;
+        if (n.empty() || hash.empty()) continue;
+        auto it = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return e.first == n; });
+        if (it != kept.end()) it->second = hash;
+        else kept.emplace_back(n, hash);
+    }
+    std::string out;
+    for (const auto& [n, h] : kept) out += (out.empty() ? "" : ", ") + n + ": " + h;
+    return out;
 }
 
 }  // namespace easel::pipeline

@@ -106,6 +106,13 @@ struct GenerationInfo {
 /// RNG, extra..., Version. Numbers are written in shortest round-trip form (7 -> "7", 7.5 -> "7.5").
 Infotext make_infotext(const GenerationInfo& g);
 
+/// A1111's "Lora hashes" value (extensions-builtin/Lora/extra_networks_lora.py): "name: hash"
+/// per LoRA, joined by ", ", each name as the prompt mentioned it with ':' and ',' removed and
+/// its short hash (lora::a1111_short_hash); entries without a name or hash are left out, a name
+/// given twice keeps its last hash. Goes into GenerationInfo::extra as {"Lora hashes", value}
+/// (make_infotext quotes it, since it holds ':' and ',').
+std::string lora_hashes_value(const std::vector<std::pair<std::string, std::string>>& name_hash);
+
 /// A1111 display name of a sampler given by its sd.cpp / easel --sampling-method name
 /// (euler -> "Euler", euler_a -> "Euler a", heun -> "Heun", dpm2 -> "DPM2", dpm++2s_a -> "DPM++ 2S a",
 /// dpm++2m -> "DPM++ 2M", lcm -> "LCM", ddim_trailing -> "DDIM", ...); unknown names are returned unchanged.

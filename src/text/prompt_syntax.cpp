@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "text/unicode.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -263,6 +264,7 @@ WeightedChunks tokenize_weighted(const ClipTokenizer& tokenizer, std::string_vie
     WeightedChunks out;
     std::vector<int32_t> tokens;
     std::vector<float> mults;
+    std::vector<EmbeddingFix> fixes;  // offsets into `tokens` (BOS not counted yet)
     long last_comma = -1;
     auto next_chunk = [&](bool is_last) {
         out.token_count += is_last ? static_cast<int>(tokens.size()) : opt.chunk_length;
@@ -287,6 +289,9 @@ WeightedChunks tokenize_weighted(const ClipTokenizer& tokenizer, std::string_vie
         w.push_back(1.0f);
         out.ids.push_back(std::move(ids));
         out.weights.push_back(std::move(w));
+        for (auto& f : fixes) ++f.offset;  // BOS
+        out.fixes.push_back(std::move(fixes));
+        fixes.clear();
         tokens.clear();
         mults.clear();
         last_comma = -1;
@@ -299,7 +304,8 @@ WeightedChunks tokenize_weighted(const ClipTokenizer& tokenizer, std::string_vie
         }
         const std::vector<int32_t> ids = tokenizer.encode(part.text);
         const float weight = static_cast<float>(part.weight);
-        for (int32_t token : ids) {
+        for (size_t pos = 0; pos < ids.size();) {
+            const int32_t token = ids[pos];
             if (token == comma) {
                 last_comma = static_cast<long>(tokens.size());
             } else if (opt.comma_padding_backtrack != 0 && tokens.size() == len && last_comma != -1 &&
@@ -307,19 +313,62 @@ WeightedChunks tokenize_weighted(const ClipTokenizer& tokenizer, std::string_vie
                 const size_t at = static_cast<size_t>(last_comma) + 1;
                 std::vector<int32_t> reloc_t(tokens.begin() + at, tokens.end());
                 std::vector<float> reloc_m(mults.begin() + at, mults.end());
+                std::vector<EmbeddingFix> reloc_f;
+                for (auto it = fixes.begin(); it != fixes.end();)
+                    if (it->offset >= at) {
+                        reloc_f.push_back({it->offset - at, it->index, it->vectors});
+                        it = fixes.erase(it);
+                    } else {
+                        ++it;
+                    }
                 tokens.resize(at);
                 mults.resize(at);
                 next_chunk(false);
                 tokens = std::move(reloc_t);
                 mults = std::move(reloc_m);
+                fixes = std::move(reloc_f);
             }
             if (tokens.size() == len) next_chunk(false);
-            tokens.push_back(token);
-            mults.push_back(weight);
+            const std::optional<EmbeddingMatch> emb = opt.embeddings ? opt.embeddings->find_at(ids, pos) : std::nullopt;
+            if (!emb) {
+                tokens.push_back(token);
+                mults.push_back(weight);
+                ++pos;
+                continue;
+            }
+            const size_t n = static_cast<size_t>(emb->vectors);
+            if (n > len)
+                fail(ErrorKind::InvalidInput, "embedding {} has {} vectors, more than the {} tokens of a window", emb->index, n, len);
+            if (tokens.size() + n > len) next_chunk(false);
+            fixes.push_back({tokens.size(), emb->index, emb->vectors});
+            tokens.insert(tokens.end(), n, 0);
+            mults.insert(mults.end(), n, weight);
+            pos += emb->name_tokens;
         }
     }
     if (!tokens.empty() || out.ids.empty()) next_chunk(true);
     return out;
+}
+
+EmbeddingInputs embedding_inputs(const WeightedChunks& c, size_t chunk, const std::vector<const std::vector<float>*>& vectors,
+                                 int64_t width) {
+    if (chunk >= c.ids.size()) fail(ErrorKind::InvalidInput, "embedding inputs: no window {}", chunk);
+    const size_t L = c.ids[chunk].size();
+    EmbeddingInputs in;
+    in.keep.assign(L, 1.0f);
+    in.fix.assign(L * static_cast<size_t>(width), 0.0f);
+    if (chunk >= c.fixes.size()) return in;
+    for (const EmbeddingFix& f : c.fixes[chunk]) {
+        const std::vector<float>* v = f.index >= 0 && static_cast<size_t>(f.index) < vectors.size() ? vectors[static_cast<size_t>(f.index)] : nullptr;
+        if (!v || v->size() < static_cast<size_t>(f.vectors) * static_cast<size_t>(width) || f.offset + static_cast<size_t>(f.vectors) > L)
+            fail(ErrorKind::InvalidInput, "embedding {} has no {} vectors of width {} for window {}", f.index, f.vectors, width, chunk);
+        for (int j = 0; j < f.vectors; ++j) {
+            const size_t p = f.offset + static_cast<size_t>(j);
+            in.keep[p] = 0.0f;
+            std::copy_n(v->begin() + static_cast<std::ptrdiff_t>(j) * width, width, in.fix.begin() + static_cast<std::ptrdiff_t>(p) * width);
+        }
+    }
+    return in;
 }
 
 void apply_emphasis_original(std::span<float> z, size_t n_tokens, size_t dim, std::span<const float> multipliers) {

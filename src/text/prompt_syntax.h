@@ -11,6 +11,7 @@
 #pragma once
 
 #include "text/clip_tokenizer.h"
+#include "text/embeddings.h"
 
 #include <cstdint>
 #include <optional>
@@ -73,6 +74,17 @@ struct ChunkOptions {
     int comma_padding_backtrack = 20;        ///< A1111 option; 0 disables the comma back-off
     int chunk_length = 75;                   ///< prompt tokens per window (window = chunk_length + 2)
     bool parse_attention = true;             ///< false = A1111 emphasis "None": brackets are plain text
+    /// Textual-inversion names to find in the prompt's tokens (A1111's embedding database), or null.
+    const EmbeddingLookup* embeddings = nullptr;
+};
+
+/// An embedding placed in a window: positions [offset, offset + vectors) of the window's ids
+/// (BOS is position 0) take the vectors of embedding `index` (of the EmbeddingLookup).
+struct EmbeddingFix {
+    size_t offset = 0;
+    int index = -1;
+    int vectors = 0;
+    bool operator==(const EmbeddingFix&) const = default;
 };
 
 /// Token ids and per-token attention multipliers, one 77-token window per chunk.
@@ -81,6 +93,7 @@ struct WeightedChunks {
     std::vector<std::vector<int32_t>> ids;
     std::vector<std::vector<float>> weights;
     int token_count = 0;                     ///< A1111's count: 75 per full chunk + tokens of the last
+    std::vector<std::vector<EmbeddingFix>> fixes;  ///< per window: the embeddings placed in it (each empty without embeddings)
 };
 
 /// A1111 tokenize_line: parses attention (unless disabled), tokenizes each run separately,
@@ -89,11 +102,21 @@ struct WeightedChunks {
 /// comma_padding_backtrack tokens from its end, the tokens after that comma move to the next
 /// chunk. Each chunk is padded with EOS to 75, framed as BOS + 75 + EOS, and every position after
 /// the first EOS is set to pad_id (process_tokens). Weights are 1 for BOS/EOS/padding.
-/// Extra-network tags must already be removed (extract_extra_networks). Textual-inversion
-/// embeddings are not handled here. Throws what parse_prompt_attention throws, and
-/// Error(InvalidInput) for chunk_length < 1.
+/// Extra-network tags must already be removed (extract_extra_networks). With options.embeddings,
+/// a run of tokens spelling an embedding's name becomes `vectors` placeholder tokens (id 0) of
+/// the run's weight, recorded in `fixes`; an embedding that does not fit in what is left of the
+/// window starts the next one (A1111 tokenize_line). When the comma back-off moves tokens to the
+/// next window, the embeddings among them move too (A1111 leaves their fixes behind, pointing at
+/// padding: a quirk not reproduced). Throws what parse_prompt_attention throws, and
+/// Error(InvalidInput) for chunk_length < 1 or an embedding longer than a window.
 WeightedChunks tokenize_weighted(const ClipTokenizer& tokenizer, std::string_view prompt,
                                  const ChunkOptions& options = {});
+
+/// The host inputs (see EmbeddingInputs) of window `chunk` of `c`: `vectors[i]` holds the
+/// [n, width] vectors of embedding i. Throws Error(InvalidInput) when a fix names an embedding
+/// without vectors of this width or runs past the window.
+EmbeddingInputs embedding_inputs(const WeightedChunks& c, size_t chunk, const std::vector<const std::vector<float>*>& vectors,
+                                 int64_t width);
 
 /// A1111 "Original" emphasis on one chunk's text-encoder output, in place:
 ///   z <- z * multiplier[token];  z <- z * (mean(z_before) / mean(z_after))

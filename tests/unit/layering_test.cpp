@@ -30,8 +30,9 @@ const std::map<std::string, std::set<std::string>>& allowed() {
         {"placement", {"nn", "io", "core"}},
         {"runtime", {"placement", "nn", "io", "core"}},
         {"models", {"runtime", "placement", "sampling", "text", "nn", "io", "core"}},
-        {"pipeline", {"models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
-        {"server", {"pipeline", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
+        {"lora", {"models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
+        {"pipeline", {"lora", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
+        {"server", {"pipeline", "lora", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
     };
     return t;
 }

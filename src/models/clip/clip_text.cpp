@@ -226,8 +226,18 @@ ClipState ClipTextModel::prologue(nn::Ctx& c, const ClipInputs& in) const {
     if (!w) fail(ErrorKind::Internal, "CLIP text encoder: parameters not loaded");
     ggml_tensor* pos = ggml_view_2d(c.ctx, w, cfg_.width, L, w->nb[1], 0);  // first L rows
     if (w->type != GGML_TYPE_F32) pos = ggml_cast(c.ctx, pos, GGML_TYPE_F32);
+    ggml_tensor* tok = tok_->forward(c, in.ids);
+    if ((in.embed_keep == nullptr) != (in.embed_fix == nullptr))
+        fail(ErrorKind::InvalidInput, "CLIP text encoder: embed_keep and embed_fix go together");
+    if (in.embed_fix) {
+        const ggml_tensor *k = in.embed_keep, *f = in.embed_fix;
+        if (k->type != GGML_TYPE_F32 || f->type != GGML_TYPE_F32 || ggml_nelements(k) != L * N || f->ne[0] != cfg_.width ||
+            f->ne[1] != L || f->ne[2] != N)
+            fail(ErrorKind::InvalidInput, "CLIP text encoder: embedding inputs must be F32 {{1, {}, {}}} and {{{}, {}, {}}}", L, N, cfg_.width, L, N);
+        tok = ggml_add(c.ctx, ggml_mul(c.ctx, tok, ggml_reshape_3d(c.ctx, in.embed_keep, 1, L, N)), in.embed_fix);
+    }
     ClipState s;
-    s.h = ggml_add(c.ctx, tok_->forward(c, in.ids), pos);
+    s.h = ggml_add(c.ctx, tok, pos);
     s.mask = causal_mask(c, L);
     s.pool_index = in.pool_index;
     return s;

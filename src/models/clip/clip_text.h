@@ -102,6 +102,12 @@ nn::LoadOptions default_load_options(const ClipKeys& keys, const ClipConfig& cfg
 struct ClipInputs {
     ggml_tensor* ids = nullptr;         ///< I32 {L, N}, L <= positions
     ggml_tensor* pool_index = nullptr;  ///< I32 {N} or null
+    /// Textual-inversion vectors (text::embedding_inputs): the token embeddings become
+    /// token_embedding(ids) * embed_keep + embed_fix before the positions are added (A1111
+    /// EmbeddingsWithFixes). embed_keep F32 {1, L, N} (0 where a vector goes, 1 elsewhere),
+    /// embed_fix F32 {width, L, N}; both or neither.
+    ggml_tensor* embed_keep = nullptr;
+    ggml_tensor* embed_fix = nullptr;
 };
 
 /// State between encoder layers: h and the causal mask (a function of L only, built in the
@@ -166,8 +172,9 @@ public:
     const ClipConfig& config() const { return cfg_; }
 
     int n_blocks() const override { return (int)layers_.size(); }
-    /// Embeddings: token_embedding(ids) + position_embedding[0..L). Throws Error(InvalidInput)
-    /// when ids are not I32 {L, N} with L <= positions.
+    /// Embeddings: token_embedding(ids) (with the textual-inversion vectors of embed_keep /
+    /// embed_fix) + position_embedding[0..L). Throws Error(InvalidInput) when ids are not I32
+    /// {L, N} with L <= positions, or the embedding inputs do not match them.
     ClipState prologue(nn::Ctx& c, const ClipInputs& in) const override;
     ClipState block(nn::Ctx& c, int i, ClipState s) const override;
     /// final_layer_norm, pooled output (get_rows at pool_index), text_projection.
