@@ -249,7 +249,9 @@ TEST(IoPytorch, SafetensorsAndPthOfTheSameWeightsAgree) {
             const auto d1 = detect(st), d2 = detect(wi);
             EXPECT_EQ(d1.family, d2.family);
             EXPECT_EQ(d1.variant, d2.variant);
-            if (!wrapper.empty()) EXPECT_EQ(wi.metadata().at("global_step").s, "1234");
+            if (!wrapper.empty()) {
+                EXPECT_EQ(wi.metadata().at("global_step").s, "1234");
+            }
         }
     fs::remove_all(dir);
 }

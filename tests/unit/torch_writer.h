@@ -48,7 +48,11 @@ inline void u64(std::vector<uint8_t>& o, uint64_t v) {
 
 /// Pickle protocol 2 writer with the handful of opcodes torch.save's output uses.
 struct Pickle {
-    std::vector<uint8_t> b{0x80, 0x02};
+    std::vector<uint8_t> b;
+    Pickle() {
+        b.push_back(0x80);  // PROTO 2
+        b.push_back(0x02);
+    }
     void op(char c) { b.push_back((uint8_t)c); }
     void str(const std::string& s) {
         op('X');
