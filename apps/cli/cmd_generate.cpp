@@ -34,9 +34,18 @@ EASEL_COMMAND(
             "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256 --sampling-method euler --cfg-scale 5\n"
             "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
             "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
-            "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png");
+            "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png\n"
+            "  easel generate -m sd15.safetensors -p \"a cat\" --upscale-model RealESRGAN_x4plus.pth      (upscaled before it is written)\n"
+            "  easel -M upscale -i photo.png --upscale-model RealESRGAN_x4plus.pth -o big.png              (= easel upscale)");
         return [p, common, &sub]() -> int {
             cli::apply_common_options(*common);
+            if (p->mode == "upscale") {
+                // sd-cli's -M upscale: only the upscaler runs; generation flags have nothing to act on
+                for (const char* f : {"--model", "--diffusion-model", "--prompt", "--negative-prompt", "--steps", "--cfg-scale", "--vae",
+                                      "--strength", "--mask", "--seed", "--width", "--height", "--batch-count", "--stage"})
+                    if (sub.count(f) > 0) log::warn("-M upscale: {} is not used (upscale mode runs only the upscaler on -i)", f);
+                return cli::run_upscale_mode(*p);
+            }
             // flags left out take the model family's defaults (steps, CFG scale)
             p->steps_given = sub.count("--steps") > 0;
             p->cfg_scale_given = sub.count("--cfg-scale") > 0;

@@ -156,7 +156,10 @@ EASEL_COMMAND(
     "inspect", "Show what weight files hold: format, tensors, dtypes, detected family, modules, metadata",
     [](CLI::App& sub) -> std::function<int()> {
         auto o = std::make_shared<Opts>();
-        sub.add_option("files", o->files, "Weight files (.safetensors, .gguf, *.safetensors.index.json) or folders")->required();
+        sub.add_option("files", o->files,
+                       "Weight files (.safetensors, .gguf, *.safetensors.index.json, PyTorch .pth/.pt/.ckpt/.bin read without running "
+                       "their pickle) or folders")
+            ->required();
         sub.add_flag("--metadata", o->all_metadata, "Print every metadata key, values in full (default: first 20, long values cut)");
         sub.add_flag("--json", o->json, "Machine-readable output: one JSON object per file (an array for several)");
         sub.add_flag("--tensors", o->tensors, "List every tensor (name, dtype, shape)");
@@ -165,6 +168,7 @@ EASEL_COMMAND(
             "Examples:\n"
             "  easel inspect sd_xl_base_1.0.safetensors\n"
             "  easel inspect flux1-dev-Q4_K.gguf --metadata\n"
+            "  easel inspect RealESRGAN_x4plus.pth v1-5-pruned-emaonly.ckpt\n"
             "  easel inspect models/FLUX.1-dev/transformer      (a diffusers component folder)\n"
             "  easel inspect models/stable-diffusion-v1-5       (a diffusers pipeline: one section per component)\n"
             "  easel inspect a.safetensors b.gguf --json\n"
@@ -184,7 +188,9 @@ EASEL_COMMAND(
                             bool has_weights = false;
                             for (auto& e : std::filesystem::directory_iterator(c.folder, ec)) {
                                 const auto n = platform::path_utf8(e.path().filename());
-                                if (n.find(".safetensors") != std::string::npos || n.find(".gguf") != std::string::npos) has_weights = true;
+                                if (n.find(".safetensors") != std::string::npos || n.find(".gguf") != std::string::npos ||
+                                    n.ends_with(".bin") || n.ends_with(".bin.index.json"))
+                                    has_weights = true;
                             }
                             if (has_weights) targets.emplace_back(platform::path_utf8(c.folder) + " (" + c.name + ": " + c.class_name + ")", c.folder);
                         }

@@ -11,12 +11,15 @@
 #include "pipeline/generate.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/stages.h"
+#include "pipeline/upscale.h"
+#include "pipeline/image_io.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <optional>
 
 namespace {
 
@@ -38,6 +41,34 @@ EASEL_COMMAND(
                    "  easel plan -m flux1-dev.safetensors -W 1024 -H 1024 --auto-fit --max-vram 8");
         return [p, common]() -> int {
             cli::apply_common_options(*common);
+            // the upscaler (--upscale-model): its own stage after decode, planned for one tile
+            auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
+                if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;
+                pipeline::UpscaleOptions o;
+                o.model = p->upscale_model;
+                o.repeats = p->upscale_repeats;
+                o.tile = p->upscale_tile_size;
+                o.threads = p->threads;
+                o.placement = p->placement;
+                pipeline::ImageUpscaler up(o);
+                up.check_memory(W, H);
+                int tile = 0;
+                placement::ModulePlan pl = up.plan(W, H, &tile);
+                fmt::print("upscaler: {}, {}x{} -> {}x{} per pass, {}\n", up.describe(), W, H, W * up.scale(), H * up.scale(),
+                           tile > 0 ? fmt::format("tiles of {} px (the upscaler rows are one tile's graph)", tile) : "the whole image at once");
+                return pl;
+            };
+            if (p->mode == "upscale") {  // sd-cli's -M upscale: only the upscaler, at the image's size
+                if (p->init_img.empty()) fail(ErrorKind::InvalidInput, "upscale mode needs an image: pass -i IMAGE");
+                if (p->upscale_model.empty()) fail(ErrorKind::InvalidInput, "upscale mode needs an upscaler: pass --upscale-model FILE");
+                const pipeline::Image img = pipeline::load_image(p->init_img, 3);
+                auto pl = upscaler_plan(img.width, img.height);
+                if (!pl) fail(ErrorKind::InvalidInput, "--upscale-repeats {} leaves nothing to do in upscale mode", p->upscale_repeats);
+                fmt::print("{}", placement::format_plan({*pl}));
+                std::fflush(stdout);
+                pipeline::check_plans_fit_host({*pl}, pipeline::MemoryJob{}, pipeline::host_ram_bytes());
+                return 0;
+            }
             if (p->placement.auto_fit) {
                 // --auto-fit: the planner's choice (flags, reasons, predicted peaks), then the table
                 // below, of the plan its flags give (the same plan: printed once)
@@ -91,6 +122,7 @@ EASEL_COMMAND(
             fmt::print("placement: {}\n", placement::describe(*spec));
             fmt::print("job: {}x{} pixels, latent {}x{}x{}, batch 1 per evaluation\n\n", W, H, fam->latent_format().channels, H / f, W / f);
             auto plans = fam->plan_placement(H / f, W / f);
+            if (auto up = upscaler_plan(W, H)) plans.push_back(*up);
             if (plans.empty()) {
                 fmt::print("{} has no module run under a placement plan in this build: each module runs whole on its device.\n", fam->name());
                 return 0;

@@ -2,7 +2,10 @@
 #pragma once
 
 #include "pipeline/generate_params.h"
+#include "pipeline/upscale.h"
 #include "command.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "placement_options.h"
 
 #include <CLI/CLI.hpp>
@@ -22,13 +25,44 @@ inline CLI::Validator max_side_check() {
                              "max image side");
 }
 
+/// Adds --upscale-model, --upscale-repeats and --upscale-tile-size (sd-cli's names) to `app`.
+inline void add_upscale_options(CLI::App& app, pipeline::GenerateParams& p) {
+    const char* g = "Upscaler";
+    app.add_option("--upscale-model", p.upscale_model,
+                   "ESRGAN / Real-ESRGAN upscaler (RRDBNet or SRVGGNetCompact; .pth, .safetensors ...): each image is upscaled before it is written")
+        ->group(g);
+    app.add_option("--upscale-repeats", p.upscale_repeats, "Run the upscaler this many times (default 1; 0: not at all)")->check(CLI::Range(0, 16))->group(g);
+    app.add_option("--upscale-tile-size", p.upscale_tile_size,
+                   "Upscaler tile in input pixels (default: the largest the device's budget holds; 0: the whole image at once)")
+        ->check(CLI::Range(0, 16384))
+        ->group(g);
+}
+
+/// Runs an upscale-only job (`easel upscale`, sd-cli's `-M upscale`): -i, -o, --upscale-model,
+/// --upscale-repeats, --upscale-tile-size, -t and the placement flags of `p`. Returns the exit code.
+/// Throws easel::Error (a missing -i / --upscale-model, --upscale-repeats 0, bad files).
+inline int run_upscale_mode(const pipeline::GenerateParams& p) {
+    if (p.init_img.empty()) fail(ErrorKind::InvalidInput, "upscale mode needs an image: pass -i IMAGE");
+    if (p.upscale_model.empty()) fail(ErrorKind::InvalidInput, "upscale mode needs an upscaler: pass --upscale-model FILE");
+    if (p.upscale_repeats < 1) fail(ErrorKind::InvalidInput, "--upscale-repeats {} leaves nothing to do in upscale mode: pass 1 or more", p.upscale_repeats);
+    pipeline::UpscaleOptions o;
+    o.model = p.upscale_model;
+    o.repeats = p.upscale_repeats;
+    o.tile = p.upscale_tile_size;
+    o.threads = p.threads;
+    o.placement = p.placement;
+    pipeline::upscale_file(p.init_img, p.output, o);
+    std::printf("%s\n", p.output.c_str());
+    return 0;
+}
+
 /// Adds every generation option to `app`, bound to `p`. Flag names and defaults follow
 /// stable-diffusion.cpp's sd-cli (examples/cli/README.md there).
 inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     // A flag given twice takes its last value, as sd-cli does (scripts often append overrides).
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.add_option("-M,--mode", p.mode, "Run mode (sd-cli): img_gen (the only one supported by generate)")
-        ->check(CLI::IsMember({"img_gen"}));
+    app.add_option("-M,--mode", p.mode, "Run mode (sd-cli): img_gen, or upscale (-i IMAGE --upscale-model M: only upscale the image)")
+        ->check(CLI::IsMember({"img_gen", "upscale"}));
     auto* g = "Model files";
     app.add_option("-m,--model", p.model, "Model: a single file (safetensors/GGUF) or a diffusers folder")->group(g);
     app.add_option("--diffusion-model", p.diffusion_model, "Standalone diffusion model (UNet/DiT)")->group(g);
@@ -103,6 +137,8 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_flag("--vae-tiling", p.vae_tiling, "Decode/encode in overlapping tiles to save memory")->group(g);
     app.add_option("--vae-tile-size", p.vae_tile_size, "Tile size in latent cells, [X]x[Y] (default 32x32)")->group(g);
     app.add_option("--vae-tile-overlap", p.vae_tile_overlap, "Tile overlap as a fraction of the tile (default 0.5)")->group(g);
+
+    add_upscale_options(app, p);
 
     g = "Execution";
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);

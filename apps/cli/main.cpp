@@ -141,6 +141,11 @@ int main(int argc, char** argv) {
                 break;
             }
             if (a == "--rpc-servers") { ++i; continue; }
+            if (a == "-M" || a == "--mode") {  // sd-cli's mode: its value (upscale) is not the upscale command
+                has_other = true;
+                ++i;
+                continue;
+            }
             if (!top_only.count(a) && a.rfind("--rpc-servers=", 0) != 0) has_other = true;
         }
         if (!has_sub && has_other) args.insert(args.begin(), "generate");

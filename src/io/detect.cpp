@@ -416,18 +416,32 @@ bool classify_esrgan(const View& v, Verdict& r) {
     r.role = "upscaler";
     r.kind = "esrgan";
     r.family = "ESRGAN upscaler";
+    // RRDBNet: the upsampling stages double the size each; Real-ESRGAN's x2 / x1 models take the
+    // image pixel-unshuffled by 2 / 4 (conv_first on 12 / 48 channels): scale = 2^stages / u
+    auto unshuffle = [&](const std::string& first) {
+        const int64_t in = v.dim(first, 1);
+        return in == 12 ? 2 : in == 48 ? 4 : 1;
+    };
     if (v.has("conv_first.weight") && (v.any_prefix("body.0.rdb1.") || v.any_prefix("RRDB_trunk.0."))) {
-        int scale = v.has("conv_up2.weight") ? 4 : v.has("conv_up1.weight") ? 2 : 1;
-        r.variant = fmt::format("RRDBNet x{}", scale);
-        r.layout = v.any_prefix("body.") ? "BasicSR" : "ESRGAN (old)";
-        r.detail = fmt::format("RRDBNet: {} blocks, {} features", v.count_blocks(v.any_prefix("body.") ? "body." : "RRDB_trunk."),
-                               v.dim("conv_first.weight", 0));
+        const bool trunk = v.any_prefix("RRDB_trunk.");
+        int n_up = 0;
+        while (v.has(std::string(trunk ? "upconv" : "conv_up") + std::to_string(n_up + 1) + ".weight")) ++n_up;
+        const int u = unshuffle("conv_first.weight");
+        r.variant = fmt::format("RRDBNet x{}", std::max(1, (1 << n_up) / u));
+        r.layout = trunk ? "ESRGAN (RRDB_trunk)" : "BasicSR";
+        r.detail = fmt::format("RRDBNet: {} blocks, {} features{}", v.count_blocks(trunk ? "RRDB_trunk." : "body."), v.dim("conv_first.weight", 0),
+                               u > 1 ? fmt::format(", pixel unshuffle {}", u) : "");
         return true;
     }
     if (v.has("model.0.weight") && v.any_contains(".RDB1.")) {
-        r.variant = "RRDBNet (old ESRGAN layout)";
+        // model.0 conv_first, model.1 the trunk, then the upsampling convs and the two HR convs
+        int convs = 0;
+        for (auto& n : v.names)
+            if (starts(n, "model.") && !starts(n, "model.1.") && !starts(n, "model.0.") && v.rank(n) == 4) ++convs;
+        const int u = unshuffle("model.0.weight");
+        r.variant = fmt::format("RRDBNet x{}", std::max(1, (1 << std::max(0, convs - 2)) / u));
         r.layout = "ESRGAN (old)";
-        r.detail = fmt::format("{} features", v.dim("model.0.weight", 0));
+        r.detail = fmt::format("RRDBNet: {} blocks, {} features (original ESRGAN keys)", v.count_blocks("model.1.sub.") - 1, v.dim("model.0.weight", 0));
         return true;
     }
     if (v.has("body.0.weight") && v.rank("body.0.weight") == 4 && v.dim("body.0.weight", 1) == 3) {

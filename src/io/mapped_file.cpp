@@ -20,4 +20,12 @@ std::unique_ptr<MappedFile> MappedFile::from_memory(std::span<const uint8_t> byt
     return m;
 }
 
+std::unique_ptr<MappedFile> MappedFile::adopt(std::vector<uint8_t>&& bytes) {
+    auto m = std::make_unique<MappedFile>();
+    m->owned_ = std::move(bytes);
+    m->data_ = m->owned_.data();
+    m->size_ = m->owned_.size();
+    return m;
+}
+
 }  // namespace easel::io

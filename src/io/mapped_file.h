@@ -26,6 +26,8 @@ public:
     static std::unique_ptr<MappedFile> open(const std::filesystem::path& path);
     /// Takes a copy of `bytes`.
     static std::unique_ptr<MappedFile> from_memory(std::span<const uint8_t> bytes);
+    /// Takes ownership of `bytes` (no copy).
+    static std::unique_ptr<MappedFile> adopt(std::vector<uint8_t>&& bytes);
 
     const uint8_t* data() const { return data_; }
     uint64_t size() const { return size_; }

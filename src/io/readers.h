@@ -18,9 +18,12 @@ namespace easel::io::detail {
 
 /// The parsed content of one file.
 struct ParsedFile {
-    std::string format;                       ///< "safetensors" or "gguf"
+    std::string format;                       ///< "safetensors", "gguf", "pytorch" or "pytorch-legacy"
     std::vector<TensorInfo> tensors;          ///< in file order
     std::map<std::string, MetaValue> metadata;
+    /// Bytes that tensors with TensorInfo::side refer to (PyTorch strided tensors made
+    /// contiguous); empty for the other formats.
+    std::vector<uint8_t> side;
 };
 
 /// Largest safetensors JSON header accepted (the reference implementation's limit, 100 MB).
@@ -38,6 +41,26 @@ ParsedFile parse_safetensors(std::span<const uint8_t> data, const std::string& l
 /// Parses a GGUF file through ggml's gguf API (gguf_init_from_buffer) after checking what
 /// ggml does not: the data section lies inside the file. Shapes are reversed to PyTorch order.
 ParsedFile parse_gguf(std::span<const uint8_t> data, const std::string& label);
+
+/// Whether the bytes start like a zip archive (a PyTorch >= 1.6 checkpoint: local header "PK\3\4",
+/// or "PK\5\6" of an empty archive).
+bool is_pytorch_zip(std::span<const uint8_t> data);
+/// Whether the bytes start with the legacy PyTorch magic-number pickle.
+bool is_pytorch_legacy(std::span<const uint8_t> data);
+
+/// Parses a PyTorch zip checkpoint (torch.save, PyTorch >= 1.6) with the restricted unpickler
+/// (io/pickle.h): the state dict (nested under params_ema / params / state_dict / model ... or at
+/// the root) becomes the tensor table; contiguous tensors point into their storage records
+/// (which must be stored uncompressed, as torch writes them), strided ones are copied into
+/// ParsedFile::side. Root-level numbers and strings (epoch, global_step) become metadata, and so
+/// does the wrapper key used ("pytorch.state_dict_key"). Throws Error(InvalidInput) for a damaged
+/// zip, a refused pickle, a storage record missing or too short, a tensor reaching past its
+/// storage; Error(Unsupported) for a big-endian file.
+ParsedFile parse_pytorch_zip(std::span<const uint8_t> data, const std::string& label);
+/// Parses a legacy (non-zip) PyTorch checkpoint (torch.save with _use_new_zipfile_serialization=False,
+/// or PyTorch < 1.6): the five pickles and the storages that follow them. Same results and errors
+/// as parse_pytorch_zip.
+ParsedFile parse_pytorch_legacy(std::span<const uint8_t> data, const std::string& label);
 
 /// Bytes per element of a safetensors dtype (0 for DType::Ggml).
 size_t dtype_size(DType d);

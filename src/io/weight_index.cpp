@@ -48,6 +48,7 @@ std::array<int64_t, 4> TensorInfo::ggml_ne() const {
 struct WeightIndex::Impl {
     std::vector<WeightFile> files;
     std::vector<std::unique_ptr<MappedFile>> maps;  // parallel to files
+    std::vector<std::unique_ptr<MappedFile>> sides;  // parallel to files: PyTorch strided tensors' copies, or null
     std::vector<TensorInfo> tensors;
     std::unordered_map<std::string, size_t> by_name;
     std::map<std::string, MetaValue> metadata;
@@ -60,13 +61,20 @@ struct WeightIndex::Impl {
         const std::string ext = platform::path_utf8(path.extension());
         const bool gguf_magic = sp.size() >= 4 && std::memcmp(sp.data(), "GGUF", 4) == 0;
         const bool st_like = sp.size() >= 9 && sp[8] == '{';
+        const bool torch_ext = ext == ".pth" || ext == ".pt" || ext == ".ckpt" || ext == ".bin";
         if (gguf_magic || ext == ".gguf") pf = detail::parse_gguf(sp, label);
+        else if (detail::is_pytorch_zip(sp)) pf = detail::parse_pytorch_zip(sp, label);
+        else if (detail::is_pytorch_legacy(sp)) pf = detail::parse_pytorch_legacy(sp, label);
         else if (ext == ".safetensors" || ext == ".sft" || st_like) pf = detail::parse_safetensors(sp, label);
-        else if (ext == ".pth" || ext == ".pt" || ext == ".ckpt" || ext == ".bin")
+        else if (torch_ext && sp.size() >= 262 && std::memcmp(sp.data() + 257, "ustar", 5) == 0)
             fail(ErrorKind::Unsupported,
-                 "'{}' is a PyTorch pickle checkpoint, which easel does not read: convert it to .safetensors first", label);
+                 "'{}' is a tar-format PyTorch checkpoint (PyTorch 0.3 and older), which easel does not read: re-save it with a current torch.save",
+                 label);
+        else if (torch_ext)
+            fail(ErrorKind::InvalidInput,
+                 "'{}' is not a PyTorch checkpoint: it starts neither with a zip header nor with torch.save's legacy magic number", label);
         else
-            fail(ErrorKind::InvalidInput, "'{}' is neither a safetensors nor a GGUF file", label);
+            fail(ErrorKind::InvalidInput, "'{}' is neither a safetensors, GGUF nor PyTorch (.pth/.pt/.ckpt/.bin) file", label);
 
         const uint32_t fi = (uint32_t)files.size();
         for (auto& t : pf.tensors)
@@ -75,6 +83,7 @@ struct WeightIndex::Impl {
                      label, platform::path_utf8(files[tensors[by_name[t.name]].file].path));
         files.push_back(WeightFile{path, pf.format, map->size()});
         maps.push_back(std::move(map));
+        sides.push_back(pf.side.empty() ? nullptr : MappedFile::adopt(std::move(pf.side)));
         tensors.reserve(tensors.size() + pf.tensors.size());
         for (auto& t : pf.tensors) {
             t.file = fi;
@@ -177,16 +186,25 @@ fs::path pick_in_folder(const fs::path& dir) {
             if (ends_with(c, ".index.json")) return dir / platform::u8path(c);
         return dir / platform::u8path(cands.front());
     }
+    // PyTorch weights of older diffusers / transformers folders (read by the restricted unpickler).
+    for (const char* base : {"diffusion_pytorch_model", "pytorch_model"}) {
+        std::string b = base;
+        if (has(b + ".bin.index.json")) return dir / (b + ".bin.index.json");
+        if (has(b + ".bin")) return dir / (b + ".bin");
+    }
     std::vector<std::string> any;
     for (auto& n : names)
-        if (ends_with(n, ".safetensors") || ends_with(n, ".gguf") || ends_with(n, ".safetensors.index.json")) any.push_back(n);
+        if (ends_with(n, ".safetensors") || ends_with(n, ".gguf") || ends_with(n, ".safetensors.index.json") || ends_with(n, ".pth") ||
+            ends_with(n, ".pt") || ends_with(n, ".ckpt") || ends_with(n, ".bin"))
+            any.push_back(n);
     if (any.size() == 1) return dir / platform::u8path(any.front());
     if (has("model_index.json"))
         fail(ErrorKind::InvalidInput,
              "'{}' is a diffusers pipeline folder: give one component's subfolder (e.g. '{}/unet' or '{}/transformer')", platform::path_utf8(dir),
              platform::path_utf8(dir), platform::path_utf8(dir));
     if (any.empty())
-        fail(ErrorKind::InvalidInput, "no weight file in folder '{}' (looked for diffusion_pytorch_model*.safetensors, model*.safetensors)",
+        fail(ErrorKind::InvalidInput,
+             "no weight file in folder '{}' (looked for diffusion_pytorch_model*.safetensors, model*.safetensors, diffusion_pytorch_model.bin, pytorch_model.bin)",
              platform::path_utf8(dir));
     fail(ErrorKind::InvalidInput, "folder '{}' holds {} weight files and no shard index: give the file to open", platform::path_utf8(dir), any.size());
 }
@@ -238,7 +256,9 @@ const TensorInfo* WeightIndex::find(const std::string& name) const {
 
 std::span<const uint8_t> WeightIndex::bytes(const TensorInfo& t) const {
     if (t.file >= impl_->maps.size()) fail(ErrorKind::Internal, "tensor '{}' refers to file {} of {}", t.name, t.file, impl_->maps.size());
-    const auto& m = *impl_->maps[t.file];
+    const MappedFile* mp = t.side ? impl_->sides[t.file].get() : impl_->maps[t.file].get();
+    if (!mp) fail(ErrorKind::Internal, "tensor '{}' refers to a side buffer its file does not have", t.name);
+    const auto& m = *mp;
     if (t.offset > m.size() || t.nbytes > m.size() - t.offset)
         fail(ErrorKind::Internal, "tensor '{}' lies outside its file", t.name);
     return {m.data() + t.offset, (size_t)t.nbytes};

@@ -1,8 +1,9 @@
 // WeightIndex: one name -> tensor table over all weight files of a model component.
 //
-// Formats: safetensors (memory-mapped; also sharded via *.safetensors.index.json) and GGUF
-// (through ggml's gguf API). A diffusers folder is opened per component subfolder
-// (see open_diffusers_component()).
+// Formats: safetensors (memory-mapped; also sharded via *.safetensors.index.json), GGUF
+// (through ggml's gguf API) and PyTorch checkpoints (.pth/.pt/.ckpt/.bin: zip or legacy format,
+// read by a restricted unpickler that runs nothing, io/pickle.h; storages memory-mapped in place).
+// A diffusers folder is opened per component subfolder (see open_diffusers_component()).
 //
 // Shape convention: TensorInfo::shape is in PyTorch order, outermost dimension first
 // (a Linear weight is [out, in], a Conv2d weight [out, in, kh, kw]). GGUF stores ggml's ne[]
@@ -45,6 +46,9 @@ struct TensorInfo {
     uint32_t file = 0;            ///< index into WeightIndex::files()
     uint64_t offset = 0;          ///< absolute byte offset of the data in the file
     uint64_t nbytes = 0;          ///< stored bytes
+    /// The data lie in the file's side buffer (a PyTorch strided tensor copied contiguously at
+    /// open), `offset` counting from its start, not in the mapped file.
+    bool side = false;
 
     int64_t numel() const;
     /// ggml ne[] (innermost first), padded with 1 to 4 dimensions.
@@ -54,7 +58,7 @@ struct TensorInfo {
 /// One opened weight file.
 struct WeightFile {
     std::filesystem::path path;
-    std::string format;  ///< "safetensors" or "gguf"
+    std::string format;  ///< "safetensors", "gguf", "pytorch" (zip) or "pytorch-legacy"
     uint64_t size = 0;   ///< bytes
 };
 
@@ -78,12 +82,13 @@ public:
     WeightIndex(WeightIndex&&) noexcept;
     WeightIndex& operator=(WeightIndex&&) noexcept;
 
-    /// Opens a .safetensors file, a *.safetensors.index.json shard index, a .gguf file, or a
-    /// folder holding one of those (diffusion_pytorch_model*.safetensors, model*.safetensors).
+    /// Opens a .safetensors file, a *.safetensors.index.json shard index, a .gguf file, a PyTorch
+    /// checkpoint (.pth, .pt, .ckpt, .bin; *.bin.index.json shards), or a folder holding one of
+    /// those (diffusion_pytorch_model*.safetensors, model*.safetensors, then the .bin names).
     /// Throws Error(Io) if unreadable, Error(InvalidInput) if malformed.
     static WeightIndex open(const std::filesystem::path& path);
 
-    /// Opens a safetensors or GGUF file held in memory (the bytes are copied); `name` labels it
+    /// Opens a safetensors, GGUF or PyTorch file held in memory (the bytes are copied); `name` labels it
     /// in errors and in files(). Used by the fuzzers. Throws Error(InvalidInput) if malformed.
     static WeightIndex open_memory(std::span<const uint8_t> bytes, const std::string& name = "<memory>");
 

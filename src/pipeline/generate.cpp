@@ -15,6 +15,7 @@
 #include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
 #include "pipeline/stages.h"
+#include "pipeline/upscale.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
 #include "sampling/sampler.h"
@@ -307,30 +308,6 @@ std::optional<ArtifactCache> open_cache(const GenerateParams& p) {
     }
 }
 
-/// Checks an output path before any work: not empty, its folder exists and is writable (a probe
-/// file is created there and removed), and the path is not a folder nor an existing non-regular
-/// file (a device such as /dev/null or /dev/full, a FIFO: the writers put a temporary file next
-/// to it and rename it over the target, which would replace the node). Throws Error(Io/InvalidInput).
-void check_output_folder(const std::string& path, const char* flag) {
-    if (path.empty()) fail(ErrorKind::InvalidInput, "{} is empty: pass an output file path", flag);
-    const fs::path target = platform::u8path(path);
-    fs::path dir = target.parent_path();
-    std::error_code ec;
-    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, platform::path_utf8(dir));
-    if (fs::is_directory(target, ec))
-        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, platform::path_utf8(target / "output.png"));
-    const fs::file_status st = fs::status(target, ec);
-    if (fs::exists(st) && !fs::is_regular_file(st))
-        fail(ErrorKind::InvalidInput, "{} {}: exists and is not a regular file (a device or a pipe); give a file path", flag, path);
-    std::random_device rd;
-    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", platform::process_id(), rd());
-    {
-        std::ofstream f(probe, std::ios::binary | std::ios::trunc);
-        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, platform::path_utf8(dir.empty() ? fs::path(".") : dir));
-    }
-    fs::remove(probe, ec);
-}
-
 /// --checkpoint-dir made (or found) before any stage: a path that is a file, or a folder that
 /// cannot be created, is refused up front; so is a folder another easel process is writing
 /// checkpoints into (an exclusive lock on <dir>/.easel.lock, held by the returned object for the
@@ -385,6 +362,51 @@ void warn_output_pattern(const std::string& pattern) {
 }
 
 std::string device_name(ggml_backend_dev_t d) { return d ? ggml_backend_dev_name(d) : "CPU"; }
+
+/// The upscaler of a job (--upscale-model with --upscale-repeats >= 1), opened (headers only) so
+/// that a wrong file fails before any stage; nullptr without one.
+std::unique_ptr<ImageUpscaler> open_upscaler(const GenerateParams& p, int threads) {
+    if (p.upscale_model.empty()) return nullptr;
+    if (p.upscale_repeats < 1) {
+        log::info("--upscale-repeats {}: the upscaler is not run", p.upscale_repeats);
+        return nullptr;
+    }
+    UpscaleOptions o;
+    o.model = p.upscale_model;
+    o.repeats = p.upscale_repeats;
+    o.tile = p.upscale_tile_size;
+    o.threads = threads;
+    o.placement = p.placement;
+    return std::make_unique<ImageUpscaler>(o);
+}
+
+/// Before any stage: the upscaled result of a W x H image fits host memory, and the upscaler's
+/// plan (one tile's graph) fits its device; the plan is logged when placement flags are given.
+void check_upscaler(ImageUpscaler& up, const GenerateParams& p, int W, int H) {
+    up.check_memory(W, H);
+    int tile = 0;
+    const placement::ModulePlan plan = up.plan(W, H, &tile);
+    log::info("upscaler: {}, {}", up.describe(), tile > 0 ? fmt::format("tiles of {} px", tile) : "the whole image at once");
+    if (p.placement.any()) log::info("placement plan of the upscale stage:\n{}", placement::format_plan({plan}));
+}
+
+/// Upscales decoded images and writes them (the upscale stage: after the VAE is freed).
+void upscale_and_save(ImageUpscaler& up, const GenerateParams& p, std::vector<Image>& images, const std::vector<std::vector<PngTextEntry>>& texts,
+                      const std::vector<std::string>& paths, GenerateReport* rep) {
+    for (size_t i = 0; i < images.size(); ++i) {
+        UpscaleReport r;
+        Image out = up.upscale(images[i], &r);
+        images[i] = Image{};  // the decoded image is no longer needed
+        std::vector<PngTextEntry> t = texts[i];
+        t.push_back({"postprocessing", postprocessing_text(up, p.upscale_repeats)});
+        save_png(platform::u8path(paths[i]), out, t);
+        log::info("{}", format_upscale_report(up, r));
+        if (rep) {
+            rep->upscale_s += r.seconds;
+            rep->upscale_peak_bytes = r.peaks;
+        }
+    }
+}
 
 /// Before any stage: the placement plan (placed jobs; a plan that cannot fit its budgets stops
 /// here) or, on the plain path, every module's whole need on the job's device, compared with the
@@ -677,6 +699,27 @@ void log_peaks_after_encode(const models::Family& fam) {
 
 }  // namespace
 
+void check_output_folder(const std::string& path, const char* flag) {
+    if (path.empty()) fail(ErrorKind::InvalidInput, "{} is empty: pass an output file path", flag);
+    const fs::path target = platform::u8path(path);
+    fs::path dir = target.parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !fs::is_directory(dir, ec)) fail(ErrorKind::Io, "{} {}: folder {} does not exist", flag, path, platform::path_utf8(dir));
+    if (fs::is_directory(target, ec))
+        fail(ErrorKind::Io, "{} {}: is a folder; give a file name, e.g. {}", flag, path, platform::path_utf8(target / "output.png"));
+    const fs::file_status st = fs::status(target, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+        fail(ErrorKind::InvalidInput, "{} {}: exists and is not a regular file (a device or a pipe); give a file path", flag, path);
+    std::random_device rd;
+    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / fmt::format(".easel-probe-{}-{:08x}", platform::process_id(), rd());
+    {
+        std::ofstream f(probe, std::ios::binary | std::ios::trunc);
+        if (!f) fail(ErrorKind::Io, "{} {}: cannot write into folder {}; check its permissions", flag, path, platform::path_utf8(dir.empty() ? fs::path(".") : dir));
+    }
+    fs::remove(probe, ec);
+}
+
+
 EncodeSizes encode_image_sizes(const GenerateParams& p) {
     EncodeSizes r;
     if (!p.init_img.empty()) {
@@ -867,6 +910,8 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
     if (!p.save_embeddings.empty()) check_output_folder(p.save_embeddings, "--save-embeddings");
+    // --upscale-model: a file that is not an upscaler fails here, before any model is loaded
+    auto upscaler = open_upscaler(p, s.threads);
 
     // Init image and mask (read before loading the model: a bad file fails fast).
     std::optional<Image> init, mask;
@@ -942,6 +987,7 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     if (!p.load_embeddings.empty() || (cachep && cachep->get(ArtifactKind::Conditioning, conditioning_key(*fam, s, cfg))))
         fam->set_costs_skip_te(true);
     check_memory(*fam, s, W, H);
+    if (upscaler) check_upscaler(*upscaler, p, W, H);
 
     // Stage 1: prompts.
     t0 = Clock::now();
@@ -1025,11 +1071,18 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     // Stage 4: decode.
     auto tv = Clock::now();
     StageMeter meter;
+    std::vector<Image> decoded;  // kept for the upscale stage
+    std::vector<std::vector<PngTextEntry>> all_texts;
     for (int b = 0; b < (int)latents.size(); ++b) {  // fewer than -b when sampling was stopped
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count);
-        save_png(platform::u8path(path), out, texts);
+        if (upscaler) {
+            decoded.push_back(std::move(out));
+            all_texts.push_back(std::move(texts));
+        } else {
+            save_png(platform::u8path(path), out, texts);
+        }
         rep.outputs.push_back(path);
     }
     log_stage("decode", *fam, {Module::VaeDecoder}, meter);
@@ -1039,6 +1092,8 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     log_peaks_after_decode(*fam);
     rep.placed_peak_bytes = fam->placement_peaks();
     rep.vae_s += since(tv);
+    // Stage 5: upscale (--upscale-model), with the VAE freed
+    if (upscaler) upscale_and_save(*upscaler, p, decoded, all_texts, rep.outputs, &rep);
     rep.host_peak_rss_bytes = peak_rss();
     return rep;
 }
@@ -1069,6 +1124,9 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (v.empty()) fail(ErrorKind::InvalidInput, "{} needs {}", stage_name(stage), flag);
     };
     std::vector<std::string> written;
+    if (!p.upscale_model.empty() && stage != Stage::Decode)
+        fail(ErrorKind::InvalidInput, "--upscale-model upscales images: it works with `easel generate`, `easel decode` and `easel upscale`, not with {}",
+             stage_name(stage));
     switch (stage) {
     case Stage::EncodePrompt: {
         need(p.save_embeddings, "--save-embeddings FILE");
@@ -1152,6 +1210,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
     case Stage::Decode: {
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
         check_output_folder(p.output, "-o");
+        auto upscaler = open_upscaler(p, s.threads);
         auto fam = open_model(s);
         LoadedLatent z = load_latent(platform::u8path(p.load_latent), *fam);
         if (z.space != "diffusion")
@@ -1168,13 +1227,19 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
             }
         }
         StageMeter meter;
+        if (upscaler) check_upscaler(*upscaler, p, (int)(z.w * f), (int)(z.h * f));
         Image out = decode_latent(*fam, z.latent, z.h, z.w, tiling_options(p, f));
         log_stage("decode", *fam, {Module::VaeDecoder}, meter);
         fam->unload(Module::VaeDecoder);
         log_peaks_after_decode(*fam);
         std::vector<PngTextEntry> texts;
         if (!infotext.empty()) texts.push_back({"parameters", infotext});
-        save_png(platform::u8path(p.output), out, texts);
+        if (upscaler) {
+            std::vector<Image> one{std::move(out)};
+            upscale_and_save(*upscaler, p, one, {texts}, {p.output}, nullptr);
+        } else {
+            save_png(platform::u8path(p.output), out, texts);
+        }
         written.push_back(p.output);
         break;
     }

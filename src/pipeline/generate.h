@@ -49,6 +49,9 @@ struct GenerateReport {
     bool interrupted = false;           ///< a StepFn stopped the sampling (fewer outputs than -b)
     bool conditioning_cached = false;   ///< the conditioning came from the cache
     double te_saved_s = 0;              ///< encode time the cache hit saved (as stored)
+    double upscale_s = 0;               ///< seconds in the upscaler (--upscale-model)
+    /// The upscaler's measured peak bytes per device (--upscale-model; its own stage after decode).
+    std::map<std::string, uint64_t> upscale_peak_bytes;
 };
 
 /// Progress callback: (image index, step done (1-based), steps, seconds of that step).
@@ -160,6 +163,13 @@ const char* stage_name(Stage s);
 /// (truncated, edited, wrong kind, another model, another size), a checkpoint that does not
 /// match the job (every difference named).
 std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, const ProgressFn& progress = {});
+
+/// Checks an output path before any work: not empty, its folder exists and is writable (a probe
+/// file is created there and removed), and the path is not a folder nor an existing non-regular
+/// file (a device such as /dev/null or /dev/full, a FIFO: the writers put a temporary file next
+/// to it and rename it over the target, which would replace the node). `flag` names the option in
+/// the message. Throws Error(Io/InvalidInput).
+void check_output_folder(const std::string& path, const char* flag);
 
 /// The output path of image `index` of a batch: each %d, %Nd or %0Nd in `pattern` becomes
 /// index+1 (printf's meaning, but replaced here: no other % conversion is interpreted, %% is %);

@@ -13,7 +13,7 @@ namespace easel::pipeline {
 /// Everything `easel generate` (and sd-cli-style flat invocations) accepts.
 /// Sizes are pixels; strengths and scales are unitless; seed -1 means "random, printed".
 struct GenerateParams {
-    std::string mode = "img_gen";  ///< -M/--mode (sd-cli); only img_gen is supported here
+    std::string mode = "img_gen";  ///< -M/--mode (sd-cli): img_gen, or upscale (-i IMAGE --upscale-model M: upscale only)
 
     // model files
     std::string model;            ///< -m: single file, GGUF, or diffusers folder
@@ -64,6 +64,11 @@ struct GenerateParams {
     bool vae_tiling = false;        ///< --vae-tiling
     std::string vae_tile_size = "32x32";  ///< --vae-tile-size in latent cells
     float vae_tile_overlap = 0.5f;  ///< --vae-tile-overlap, fraction of the tile
+
+    // upscaler (pipeline/upscale.h)
+    std::string upscale_model;      ///< --upscale-model: ESRGAN / Real-ESRGAN file; each result is upscaled before it is written
+    int upscale_repeats = 1;        ///< --upscale-repeats: passes of the upscaler
+    int upscale_tile_size = -1;     ///< --upscale-tile-size in input pixels (< 0: from the device budget, 0: whole image)
 
     // execution
     bool flash_attn = false;        ///< --fa
