@@ -408,7 +408,7 @@ void Sampler::step(Denoiser& d) {
                     x[k] = static_cast<float>(x[k] + dk * (down - s));
                 }
                 if (sn > 0) {
-                    const auto z = noise();
+                    const auto z = noise(s, sn);
                     const double c = static_cast<double>(st_.s_noise) * up;
                     for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
                 }
@@ -423,7 +423,7 @@ void Sampler::step(Denoiser& d) {
                 const double ratio = down / s;
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(ratio * x[k] + (1.0 - ratio) * den_[k]);
                 if (eta > 0) {
-                    const auto z = noise();
+                    const auto z = noise(s, sn);
                     const double a = alpha_n / alpha_down, c = static_cast<double>(st_.s_noise) * renoise;
                     for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a * x[k] + z[k] * c);
                 }
@@ -523,7 +523,7 @@ void Sampler::step(Denoiser& d) {
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(r2 * x[k] + c2 * tmp2_[k]);
             }
             if (sn > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 const double c = static_cast<double>(st_.s_noise) * up;
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
             }
@@ -532,7 +532,7 @@ void Sampler::step(Denoiser& d) {
         case SamplerKind::Lcm: {
             x = den_;
             if (sn > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 for (size_t k = 0; k < n; ++k)
                     x[k] = st_.flow ? static_cast<float>((1.0 - sn) * x[k] + sn * z[k])
                                     : static_cast<float>(x[k] + sn * z[k]);
@@ -550,7 +550,7 @@ void Sampler::step(Denoiser& d) {
                 x[k] = static_cast<float>(den_[k] + dir * eps);
             }
             if (st_.eta > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + su * z[k]);
             }
             break;

@@ -101,10 +101,13 @@ double incomplete_beta(double x, double a, double b) {
     return 1.0 - front * cf(1.0 - x, b, a) / b;
 }
 
-// The Beta(a, b) quantile (scipy.stats.beta.ppf) by bisection on I_x to double precision.
+// The Beta(a, b) quantile (scipy.stats.beta.ppf) by bisection on I_x to double precision. The
+// median of a symmetric law is 1/2 exactly (bisection would land an ulp off, and rint(ppf * 999)
+// of ComfyUI's beta schedule sits on that tie at every even step count).
 double beta_ppf(double u, double a, double b) {
     if (u <= 0) return 0.0;
     if (u >= 1) return 1.0;
+    if (a == b && u == 0.5) return 0.5;
     double lo = 0.0, hi = 1.0;
     for (int it = 0; it < 200 && hi - lo > 0; ++it) {
         const double mid = 0.5 * (lo + hi);

@@ -37,18 +37,19 @@ ModelFn linear_model(double c, double u = 0.0) {
     };
 }
 
-// Runs `kind` deterministically (eta 0) from x = 1 over n equal sigma steps s0 -> s1 and returns
-// the error against the exact solution.
-double ode_error(SamplerKind kind, bool flow, int n) {
+// Runs `kind` deterministically (eta 0) over n steps s0 -> s1, equal in sigma (or in log sigma when
+// geometric), and returns the largest relative error against the exact solution.
+double ode_error(SamplerKind kind, bool flow, int n, bool geometric = false) {
     const double c = flow ? 0.7 : 0.8;
-    const double s0 = flow ? 0.9 : 8.0, s1 = flow ? 0.1 : 0.5;
+    const double s0 = flow ? 0.9 : 2.0, s1 = flow ? 0.1 : 1.0;
     const ModelSampling ms = flow ? ModelSampling::flow(1.0) : sd15();
     std::vector<float> sig;
-    for (int i = 0; i <= n; ++i) sig.push_back(static_cast<float>(s0 + (s1 - s0) * i / n));
+    for (int i = 0; i <= n; ++i)
+        sig.push_back(static_cast<float>(geometric ? s0 * std::pow(s1 / s0, double(i) / n) : s0 + (s1 - s0) * i / n));
     Schedule sch = manual(ms, sig);
     // 4 elements: the method is elementwise, any x works
     Sampler s(kind, sch, {4}, {1.0f, -0.5f, 2.0f, 0.25f}, Rng(RngKind::Cpu, 1), flow, 0.0f);
-    Denoiser d(ms, linear_model(c));
+    Denoiser d(ms, linear_model(c, c));  // cond = uncond: the CFG++ methods integrate the same ODE
     s.run(d);
     const double a0 = sig.front(), a1 = sig.back();
     const double growth = flow ? std::exp(c * (a1 - a0)) : std::exp(c * (std::asinh(a1) - std::asinh(a0)));
@@ -61,10 +62,14 @@ double ode_error(SamplerKind kind, bool flow, int n) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
-// Convergence: the global error at n and 2n steps, against the exact solution (float32 latents:
-// errors below ~1e-6 are rounding). The observed order log2(e(n)/e(2n)) must be close to the
-// method's: euler 1; multistep methods started with Euler (lms, ipndm, ipndm_v, deis) and the
-// second-order ones 2; uni_pc (order-2 predictor + corrector) and er_sde (3 stages) about 3.
+// Convergence: the global error at 16 and 32 steps against the exact solution (float32 latents:
+// errors below ~1e-6 are rounding). The observed order log2(e(16)/e(32)) must be within 0.25 of the
+// method's: euler and the CFG++ methods 1; the second-order ones 2; the multistep methods started
+// with Euler (lms, ipndm, ipndm_v, deis) and uni_pc (its last predictor step is first order,
+// lower_order_final) 2; dpm++2mv2 1 (sd.cpp's variant weighs D with the mean of the last two log
+// steps: first order where the log-sigma steps change, second order on a log-uniform ladder).
+// (er_sde integrates its SDE's drift, not the probability-flow ODE, even without noise: it is
+// checked against its reference instead.)
 
 TEST(SamplingOrder, DeterministicMethodsConvergeAtTheirOrder) {
     struct Want {
@@ -73,18 +78,18 @@ TEST(SamplingOrder, DeterministicMethodsConvergeAtTheirOrder) {
         bool flow;
     };
     const Want cases[] = {
-        {SamplerKind::Euler, 0.9, false},       {SamplerKind::Heun, 1.8, false},     {SamplerKind::Dpm2, 1.8, false},
+        {SamplerKind::Euler, 0.8, false},       {SamplerKind::Heun, 1.8, false},     {SamplerKind::Dpm2, 1.8, false},
         {SamplerKind::Dpm2A, 1.8, false},       {SamplerKind::Lms, 1.8, false},      {SamplerKind::Ipndm, 1.8, false},
-        {SamplerKind::IpndmV, 1.8, false},      {SamplerKind::DpmPP2M, 1.8, false},  {SamplerKind::DpmPP2Mv2, 1.8, false},
+        {SamplerKind::IpndmV, 1.8, false},      {SamplerKind::DpmPP2M, 1.8, false},  {SamplerKind::DpmPP2Mv2, 0.8, false},
         {SamplerKind::DpmPP2S, 1.8, false},     {SamplerKind::DpmPPSde, 1.8, false}, {SamplerKind::DpmPP2MSde, 1.8, false},
-        {SamplerKind::DpmPP2MSdeBt, 1.8, false}, {SamplerKind::Deis, 1.8, false},    {SamplerKind::UniPc, 2.6, false},
-        {SamplerKind::ResMultistep, 1.8, false}, {SamplerKind::Res2s, 1.8, false},   {SamplerKind::ErSde, 1.8, false},
-        {SamplerKind::EulerCfgPP, 0.9, false},  {SamplerKind::EulerACfgPP, 0.9, false},
+        {SamplerKind::DpmPP2MSdeBt, 1.8, false}, {SamplerKind::Deis, 1.8, false},    {SamplerKind::UniPc, 1.8, false},
+        {SamplerKind::ResMultistep, 1.8, false}, {SamplerKind::Res2s, 1.8, false},
+        {SamplerKind::EulerCfgPP, 0.8, false},  {SamplerKind::EulerACfgPP, 0.8, false},
         // flow forms
-        {SamplerKind::Euler, 0.9, true},        {SamplerKind::Heun, 1.8, true},      {SamplerKind::Dpm2A, 1.8, true},
+        {SamplerKind::Euler, 0.8, true},        {SamplerKind::Heun, 1.8, true},      {SamplerKind::Dpm2A, 1.8, true},
         {SamplerKind::Lms, 1.8, true},          {SamplerKind::IpndmV, 1.8, true},    {SamplerKind::DpmPP2M, 1.8, true},
         {SamplerKind::DpmPPSde, 1.8, true},     {SamplerKind::DpmPP2MSde, 1.8, true}, {SamplerKind::Deis, 1.8, true},
-        {SamplerKind::UniPc, 2.6, true},        {SamplerKind::ErSde, 1.8, true},     {SamplerKind::EulerCfgPP, 0.9, true},
+        {SamplerKind::UniPc, 1.8, true},        {SamplerKind::EulerCfgPP, 0.8, true},
     };
     for (const auto& w : cases) {
         const double e1 = ode_error(w.k, w.flow, 16), e2 = ode_error(w.k, w.flow, 32);
@@ -92,8 +97,12 @@ TEST(SamplingOrder, DeterministicMethodsConvergeAtTheirOrder) {
         std::printf("[ order ] %-15s %-4s e(16) %.3g e(32) %.3g order %.2f\n", sampler_name(w.k), w.flow ? "flow" : "ve", e1, e2,
                     order);
         EXPECT_LT(e2, 2e-2) << sampler_name(w.k);
-        EXPECT_GT(order, w.min_order) << sampler_name(w.k) << (w.flow ? " flow" : " ve");
+        EXPECT_GT(order, w.min_order - 0.05) << sampler_name(w.k) << (w.flow ? " flow" : " ve");
     }
+    // dpm++2mv2 on a log-uniform ladder: second order
+    const double g1 = ode_error(SamplerKind::DpmPP2Mv2, false, 16, true), g2 = ode_error(SamplerKind::DpmPP2Mv2, false, 32, true);
+    std::printf("[ order ] dpm++2mv2 log-uniform e(16) %.3g e(32) %.3g order %.2f\n", g1, g2, std::log2(g1 / g2));
+    EXPECT_GT(std::log2(g1 / g2), 1.75);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -241,6 +250,75 @@ TEST(SamplingBrownianTree, BridgePropertiesAndDeterminism) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The methods only ComfyUI / sd.cpp define, against the transcriptions of their code in
+// tools/reference/sampler_refs.py run on one scalar with plain Python floats
+// (tools/reference/sampler_refs_scalar.py prints this table): eps model (sigmas 14.6 ... 0) or
+// flow model (shift 3, 1 ... 0), F_cond = 0.5 tanh(x_in) + 0.05, F_uncond = 0.4 tanh(x_in) + 0.03,
+// CFG 3, x = 1.3 sigma_0, the k-th noise draw sin(k). The sampler_refs.py run on the GPU machine
+// checks them again on tensors, the demo model and Z-Image (sampling_reference_test.cpp).
+
+namespace {
+
+struct ScalarRef {
+    const char* method;
+    bool flow;
+    float eta;
+    double x[8];
+};
+
+const ScalarRef kScalarRefs[] = {
+    {"euler_a", true, 1.0f, {1.32043969, 1.4047655, 0.966476021, 0.27216566, -0.133501784, -0.162717597, -0.121958125, -0.122210628}},
+    {"dpm2_a", true, 1.0f, {1.32090583, 1.40633775, 0.970150752, 0.282827367, -0.117116161, -0.150502951, -0.111609485, -0.112219293}},
+    {"dpm++_sde", false, 1.0f, {18.1964052, 12.082171, 8.54525301, 8.48868442, 7.9091627, 7.46427796, 7.40242681, 7.37872683}},
+    {"dpm++_sde", true, 1.0f, {0.872793064, -0.289017866, -0.396972946, 0.316467182, 0.0265586543, -0.213647068, -0.111070062, -0.111698517}},
+    {"dpm++2m_sde", false, 1.0f, {15.2960188, 14.4832402, 13.5211498, 12.3123113, 11.2914791, 10.6993372, 10.3268845, 10.3031845}},
+    {"dpm++2m_sde", true, 1.0f, {0.828029862, 1.02731382, 0.611397263, -0.0854546418, -0.482162537, -0.556704434, -0.530214302, -0.517720231}},
+    {"dpm++2mv2", false, 0.0f, {13.0924138, 10.7664179, 9.6359623, 9.16948821, 8.64215628, 8.21068942, 7.57747391, 7.55377392}},
+    {"dpm++2mv2", true, 0.0f, {1.25840763, 1.18602451, 1.08159829, 0.946892912, 0.799027102, 0.641771107, 0.531740595, 0.510205728}},
+    {"lcm", false, 0.0f, {14.0001779, 11.9092472, 9.81753798, 8.1817979, 7.33153285, 7.05310335, 6.97801309, 6.95431313}},
+    {"lcm", true, 0.0f, {0.827390353, 0.817296934, 0.19680846, -0.400906209, -0.539662299, -0.419252455, -0.335173734, -0.328363067}},
+    {"ipndm", false, 0.0f, {13.0924138, 10.5044815, 9.34466256, 8.78514214, 8.47498972, 8.32479156, 8.25369075, 8.22999076}},
+    {"ipndm_v", false, 0.0f, {13.0924138, 10.5816805, 9.40005157, 8.84984701, 8.54183043, 8.39195327, 8.32078147, 8.29708147}},
+    {"ipndm_v", true, 0.0f, {1.25840763, 1.19724269, 1.11095842, 0.986515125, 0.849152196, 0.727076818, 0.663820014, 0.638988514}},
+    {"res_multistep", false, 0.0f, {13.0924138, 10.5098498, 9.27824862, 8.71178273, 8.39866837, 8.24649856, 8.17401087, 8.15031087}},
+    {"res_multistep", true, 0.0f, {1.25840763, 1.19729647, 1.11125643, 1.00336688, 0.890351432, 0.788340426, 0.733471087, 0.707089636}},
+    {"res_multistep", false, 1.0f, {15.2960188, 14.6149359, 13.859713, 12.7590548, 11.722011, 11.013936, 10.4047102, 10.3810102}},
+    {"res_multistep", true, 1.0f, {1.32043969, 1.41059028, 0.9953007, 0.218721569, -0.36693069, -0.640701375, -0.81440404, -0.7953836}},
+    {"res_2s", false, 0.0f, {12.8102797, 10.3161092, 9.13198247, 8.57899039, 8.2708906, 8.12079063, 8.04969064, 8.02599064}},
+    {"res_2s", true, 1.0f, {1.3208869, 1.40624219, 0.969810339, 0.281234391, -0.120556283, -0.153169265, -0.113809331, -0.114343114}},
+    {"er_sde", false, 1.0f, {15.3121897, 13.9792481, 12.9801609, 12.2705389, 11.8380211, 11.6520306, 11.5762393, 11.5525393}},
+    {"er_sde", true, 1.0f, {0.827391746, 1.09988297, 0.978577533, 0.685618448, 0.457552685, 0.34814385, 0.311621704, 0.296554794}},
+    {"euler_cfg_pp", false, 0.0f, {11.1508957, 7.74306592, 6.07282037, 5.26902221, 4.84945257, 4.6561846, 4.57429849, 4.55060298}},
+    {"euler_cfg_pp", true, 0.0f, {1.25840763, 1.18064373, 1.06033116, 0.905978562, 0.748552479, 0.61986158, 0.553424578, 0.531316692}},
+    {"euler_a_cfg_pp", false, 1.0f, {14.4848366, 12.646509, 10.8200741, 9.40579272, 8.64529891, 8.38945729, 8.31696604, 8.29326604}},
+    {"euler_a_cfg_pp", true, 1.0f, {0.827390353, 1.02490917, 0.578968078, -0.0843810344, -0.385676059, -0.342860957, -0.276689891, -0.271745535}},
+};
+
+}  // namespace
+
+TEST(SamplingTranscriptions, MatchTheScalarRuns) {
+    const std::vector<float> ve = {14.6f, 6.1f, 2.9f, 1.4f, 0.7f, 0.31f, 0.12f, 0.03f, 0.0f};
+    const std::vector<float> fl = {1.0f, 0.94f, 0.85f, 0.72f, 0.55f, 0.36f, 0.17f, 0.05f, 0.0f};
+    for (const auto& r : kScalarRefs) {
+        const ModelSampling ms = r.flow ? ModelSampling::flow(3.0) : sd15();
+        const Schedule sch = manual(ms, r.flow ? fl : ve);
+        Sampler sp(parse_sampler(r.method), sch, {1}, {1.3f * sch.sigmas[0]}, Rng(RngKind::Cpu, 1), r.flow, r.eta);
+        int k = 0;
+        sp.set_noise_source([&](double, double) { return std::vector<float>{static_cast<float>(std::sin(++k))}; });
+        ModelFn m = [](std::span<const float> xi, double, Branch b, std::span<float> out) {
+            out[0] = static_cast<float>((b == Branch::Cond ? 0.5 : 0.4) * std::tanh(double(xi[0])) + (b == Branch::Cond ? 0.05 : 0.03));
+        };
+        Denoiser d(ms, m, 3.0f);
+        double worst = 0;
+        for (int i = 0; i < 8; ++i) {
+            sp.step(d);
+            worst = std::max(worst, std::abs(sp.state().x[0] - r.x[i]) / std::max(1.0, std::abs(r.x[i])));
+        }
+        EXPECT_LT(worst, 2e-6) << r.method << (r.flow ? " flow" : " eps") << " eta " << r.eta;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Resume: every method, 10 steps straight vs 4 + state -> map -> state -> 6; what a method keeps
 // (history, the tree seed, the RNG) must be in the state.
 
@@ -360,7 +438,7 @@ TEST(SamplingSchedule, AysAndGitsTables) {
     const auto g8 = make_schedule(ms, SchedulerKind::Gits, 8);
     ASSERT_EQ(g8.sigmas.size(), 9u);
     EXPECT_EQ(g8.sigmas[1], 5.85520077f);
-    EXPECT_EQ(g8.sigmas[7], 0.19894916f);
+    EXPECT_EQ(g8.sigmas[7], 0.09824532f);
     EXPECT_EQ(g8.sigmas[8], 0.0f);
     EXPECT_EQ(make_schedule(ms, SchedulerKind::Gits, 30).sigmas.size(), 31u);
     EXPECT_THROW(make_schedule(ms, SchedulerKind::Gits, 1), Error);

@@ -635,7 +635,7 @@ def t_euler_cfg_pp(den, x, sig, cb, eta, ns, ms):  # ComfyUI sample_euler_ancest
             continue
         a_s, a_t = (1 - s, 1 - sn) if ms.flow else (1.0, 1.0)
         d = (x - a_s * du) / s
-        down, up = anc(s / a_s, sn / a_t, eta)
+        down, up = anc(s / a_s if a_s else math.inf, sn / a_t, eta)  # torch: s / 0 = inf at flow sigma 1
         down = a_t * down
         x = a_t * d_ + down * d
         if eta > 0:
@@ -760,10 +760,11 @@ def diffusers_case(out, name, model, ms, net, cfg, sampler, n, seed, eta, shape=
     from diffusers.schedulers import scheduling_tcd
 
     base = dict(num_train_timesteps=1000)
+    zsnr = not ms.flow and ms.zsnr
     if not ms.flow:
         base.update(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
                     prediction_type="v_prediction" if ms.prediction == "v" else "epsilon")
-        if ms.zsnr:
+        if zsnr:
             base["rescale_betas_zero_snr"] = True
     den = Denoiser(ms, net, cfg)
     ns = NoiseSampler(seed + 1000, shape, torch.float32)
@@ -779,6 +780,14 @@ def diffusers_case(out, name, model, ms, net, cfg, sampler, n, seed, eta, shape=
         if ms.flow:
             sched = DEISMultistepScheduler(num_train_timesteps=1000, use_flow_sigmas=True, flow_shift=ms.shift,
                                            prediction_type="flow_prediction")
+        elif zsnr:
+            # DEISMultistepScheduler has no rescale_betas_zero_snr: the rescaled betas given as trained_betas
+            from diffusers.schedulers.scheduling_euler_discrete import rescale_zero_terminal_snr
+
+            betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float32) ** 2
+            b = {k: v for k, v in base.items() if k != "rescale_betas_zero_snr"}
+            sched = DEISMultistepScheduler(**b, trained_betas=rescale_zero_terminal_snr(betas).tolist(),
+                                           use_karras_sigmas=karras_sigmas)
         else:
             sched = DEISMultistepScheduler(**base, use_karras_sigmas=karras_sigmas)
         reference = "diffusers DEISMultistepScheduler (order 2)"
@@ -797,6 +806,10 @@ def diffusers_case(out, name, model, ms, net, cfg, sampler, n, seed, eta, shape=
         tcd = True
     else:
         raise ValueError(sampler)
+    if zsnr:
+        # alphas_cumprod[-1] = 2**-24 as EulerDiscrete / UniPC / DPMSolver set it (DDIM, TCD and DEIS keep 0,
+        # an infinite sigma): the table easel's zero-terminal-SNR model uses
+        sched.alphas_cumprod[-1] = 2 ** -24
     sched.set_timesteps(n)
     table = [float(v) for v in ms.table]
     ts = [float(t) for t in sched.timesteps]
@@ -942,8 +955,7 @@ AYS = {"SD1": [14.6146412293, 6.4745760956, 3.8636745985, 2.6946151520, 1.884192
 GITS_20 = [14.61464119, 7.49001646, 4.65472794, 3.07277966, 2.19988537, 1.61558151, 1.24153244, 0.95350921, 0.74807048,
            0.59516323, 0.50118381, 0.41087446, 0.34370604, 0.29807833, 0.25053367, 0.22545385, 0.19894916, 0.17026083,
            0.13792117, 0.09824532, 0.02916753]
-GITS_8 = [14.61464119, 5.85520077, 2.84484982, 1.61558151, 0.95350921, 0.59516323, 0.36617002, 0.19894916, 0.09824532,
-          0.02916753]
+GITS_8 = [14.61464119, 5.85520077, 2.45070267, 1.36964464, 0.80330700, 0.45573691, 0.25053367, 0.09824532, 0.02916753]
 
 
 def schedule_sigmas(ms, kind, n):
