@@ -96,9 +96,18 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--guidance", p.guidance, "Distilled guidance for models with a guidance input (default 3.5)")->group(g);
     app.add_option("--steps", p.steps, "Sampling steps (default 20)")->check(CLI::Range(1, 10000))->group(g);
     app.add_option("--sampling-method", p.sampling_method,
-                   "euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm, ddim_trailing (default: euler_a for SD)")->group(g);
-    app.add_option("--scheduler", p.scheduler, "discrete, karras, exponential, sgm_uniform, simple, lcm, flux, flux2 (default: the model's)")->group(g);
-    app.add_option("--eta", p.eta, "Eta for DDIM-style samplers (default 0)")->group(g);
+                   "euler, euler_a, heun, dpm2, dpm2_a, dpm++2s_a, dpm++2s, dpm++_sde, dpm++2m, dpm++2mv2, dpm++2m_sde, "
+                   "dpm++2m_sde_bt, ipndm, ipndm_v, lms, deis, uni_pc, lcm, ddim, ddim_trailing, tcd, res_multistep, res_2s, "
+                   "er_sde, euler_cfg_pp, euler_a_cfg_pp; A1111 names (\"DPM++ 2M Karras\", \"Euler a\") and ComfyUI names too "
+                   "(default: euler_a for SD)")->group(g);
+    app.add_option("--scheduler", p.scheduler,
+                   "discrete (normal), karras, exponential, ays, gits, sgm_uniform, simple, smoothstep, kl_optimal, lcm, beta, "
+                   "ddim_uniform, flux, flux2; A1111 names too (default: the model's)")->group(g);
+    app.add_option("--sigmas", p.sigmas, "Custom schedule, comma-separated sigmas (e.g. \"14.61,7.8,3.5,0.0\"); steps = count - 1")->group(g);
+    app.add_option("--eta", p.eta, "Noise of ancestral, SDE, DDIM and TCD samplers (default: 1 for euler_a, dpm2_a, dpm++2s_a, dpm++_sde, "
+                                   "dpm++2m_sde(_bt), er_sde, euler_a_cfg_pp; 0 for the others); 0 is a value")
+        ->each([&p](const std::string&) { p.eta_given = true; })
+        ->group(g);
     app.add_option("--flow-shift", p.flow_shift, "Shift for flow-matching models (default: auto)")->group(g);
     app.add_option("--prediction", p.prediction, "Override the prediction type: eps, v")->group(g);
     app.add_option("-s,--seed", p.seed, "RNG seed (default 42; < 0: random, printed)")
@@ -114,7 +123,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
             "", "seed range"))
         ->group(g);
     app.add_option("--rng", p.rng, "Noise RNG: cuda (A1111, default), cpu (ComfyUI), std_default")->group(g);
-    app.add_option("--sampler-rng", p.sampler_rng, "RNG of ancestral samplers (default: --rng)")->group(g);
+    app.add_option("--sampler-rng", p.sampler_rng, "RNG of ancestral / SDE sampler noise and of the Brownian-tree seed (default: --rng)")->group(g);
 
     g = "Image";
     app.add_option("-W,--width", p.width, "Width in pixels (default 512, at most 16384; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")

@@ -14,6 +14,7 @@
 #include "pipeline/image_io.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
+#include "sampling/names.h"
 #include "pipeline/stages.h"
 #include "pipeline/upscale.h"
 #include "placement/devices.h"
@@ -84,6 +85,8 @@ struct Setup {
     GenerateParams p;
     sampling::SamplerKind method = sampling::SamplerKind::EulerA;
     sampling::SchedulerKind sched = sampling::SchedulerKind::Discrete;
+    bool method_given = false, sched_given = false;  ///< from the flags (or implied by an A1111 name)
+    std::vector<float> sigmas;                       ///< --sigmas
     sampling::RngKind rng_kind, sampler_rng_kind;
     int threads = 1;
     int64_t seed = 0;
@@ -181,7 +184,7 @@ Setup resolve(const GenerateParams& params) {
         log::info("no -m given: using the bundled demo model {}", p.model);
     }
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
-    if (!std::isfinite(p.eta)) fail(ErrorKind::InvalidInput, "--eta must be a finite number");
+    if (!std::isfinite(p.eta) || p.eta < 0) fail(ErrorKind::InvalidInput, "--eta {} must be a finite number >= 0", p.eta);
     if (!std::isfinite(p.flow_shift)) fail(ErrorKind::InvalidInput, "--flow-shift must be a finite number");
     // image b uses seed + b: the last one must still be a valid (non-negative) int64 seed
     if (p.seed >= 0 && p.seed > std::numeric_limits<int64_t>::max() - (p.batch_count - 1))
@@ -198,8 +201,28 @@ Setup resolve(const GenerateParams& params) {
     if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
     // Names given are checked now (fail fast); absent ones take the family's defaults once the
     // model is open (apply_family_defaults).
-    if (!p.sampling_method.empty()) s.method = sampling::parse_sampler(p.sampling_method);
-    if (!p.scheduler.empty()) s.sched = sampling::parse_scheduler(p.scheduler);
+    // Any name of the one table (sampling/names.h): easel / sd-cli, A1111 ("DPM++ 2M Karras"), ComfyUI.
+    // An A1111 sampler name implies its schedule ("... Karras", or A1111's automatic choice) unless
+    // --scheduler says otherwise; a name that spells the schedule out must agree with --scheduler.
+    std::optional<sampling::SchedulerKind> sched_flag;
+    if (!p.scheduler.empty()) sched_flag = sampling::resolve_scheduler_name(p.scheduler);
+    if (!p.sampling_method.empty()) {
+        const auto r = sampling::resolve_sampler_name(p.sampling_method);
+        s.method = r.sampler;
+        s.method_given = true;
+        if (r.explicit_scheduler && sched_flag && r.scheduler && *sched_flag != *r.scheduler)
+            fail(ErrorKind::InvalidInput, "--sampling-method \"{}\" names the {} schedule but --scheduler is {}: give one of them",
+                 p.sampling_method, sampling::scheduler_name(*r.scheduler), sampling::scheduler_name(*sched_flag));
+        if (r.scheduler && !sched_flag) {
+            s.sched = *r.scheduler;
+            s.sched_given = true;
+        }
+    }
+    if (sched_flag) {
+        s.sched = *sched_flag;
+        s.sched_given = true;
+    }
+    if (!p.sigmas.empty()) s.sigmas = sampling::parse_sigmas(p.sigmas);
     check_loras(s);
     s.rng_kind = sampling::parse_rng_kind(p.rng);
     s.sampler_rng_kind = p.sampler_rng.empty() ? s.rng_kind : sampling::parse_rng_kind(p.sampler_rng);
@@ -213,14 +236,45 @@ Setup resolve(const GenerateParams& params) {
     return s;
 }
 
+DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H);
+
+/// The sampler, scheduler, --eta and --sigmas against the model, before any stage runs: a method
+/// without a flow form on a flow model, a schedule the model cannot have (ays on a flow model, a
+/// --sigmas value above 1 on one, ...), TCD's eta above 1. Warns when --eta is given to a method
+/// it does not change. Throws Error(InvalidInput).
+void check_sampling(const Setup& s, const models::Family& fam) {
+    const auto& info = sampling::sampler_info(s.method);
+    const bool flow = fam.model_sampling().is_flow();
+    if (flow && !info.flow) {
+        std::string ok;
+        for (const auto& i : sampling::sampler_infos())
+            if (i.flow) ok += (ok.empty() ? "" : ", ") + std::string(i.name);
+        fail(ErrorKind::InvalidInput, "sampling method {} has no form for flow models ({}): use one of {}", info.name, fam.name(), ok);
+    }
+    if (s.p.eta_given && !info.uses_eta) log::warn("--eta {} has no effect on {}: it is deterministic", s.p.eta, info.name);
+    if (s.method == sampling::SamplerKind::Tcd && (s.p.eta_given || s.p.eta > 0) && s.p.eta > 1)
+        fail(ErrorKind::InvalidInput, "--eta {} for tcd (its gamma) must be between 0 and 1", s.p.eta);
+    (void)job_schedule(fam, make_job(s, 0, s.p.width, s.p.height), false);
+}
+
+/// Whether the job needs the negative prompt's conditioning: CFG, or a CFG++ sampler (which uses
+/// the unconditional prediction at every CFG scale).
+bool need_negative(const Setup& s) { return s.p.cfg_scale != 1.0f || sampling::sampler_info(s.method).needs_uncond; }
+
 /// Sampler, scheduler, steps and CFG scale the user left out: the family's defaults (SD: euler_a,
 /// discrete, 20, 7; Z-Image: euler, discrete, 8, 1; FLUX.2 Klein distilled: euler, flux2, 4, 1).
 void apply_family_defaults(Setup& s, const models::Family& fam) {
     const auto d = fam.defaults();
-    if (s.p.sampling_method.empty()) s.method = sampling::parse_sampler(d.sampler);
-    if (s.p.scheduler.empty()) s.sched = sampling::parse_scheduler(d.scheduler);
+    if (!s.method_given) s.method = sampling::parse_sampler(d.sampler);
+    // tcd: sd.cpp's default scheduler for it is lcm (lcm keeps easel's earlier default, the family's)
+    if (!s.sched_given) s.sched = s.method == sampling::SamplerKind::Tcd ? sampling::SchedulerKind::Lcm : sampling::parse_scheduler(d.scheduler);
     if (!s.p.steps_given) s.p.steps = d.steps;
     if (!s.p.cfg_scale_given) s.p.cfg_scale = d.cfg_scale;
+    if (!s.sigmas.empty()) {
+        const int n = static_cast<int>(s.sigmas.size()) - 1;
+        if (s.p.steps != n) log::info("--sigmas gives {} steps (--steps {} is not used)", n, s.p.steps);
+        s.p.steps = n;
+    }
 }
 
 /// --vae-tile-size's X in latent cells (square tiles of X x X). Throws Error(InvalidInput).
@@ -285,6 +339,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.reference_sizes = s.reference_sizes;
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
+    check_sampling(s, *fam);
     return fam;
 }
 
@@ -569,7 +624,8 @@ DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H) {
     j.scheduler = s.sched;
     j.steps = s.p.steps;
     j.cfg_scale = s.p.cfg_scale;
-    j.eta = s.p.eta > 0 ? s.p.eta : -1.0f;
+    j.eta = (s.p.eta_given || s.p.eta > 0) ? s.p.eta : -1.0f;
+    j.sigmas = s.sigmas;
     j.rng = s.rng_kind;
     j.sampler_rng = s.sampler_rng_kind;
     j.seed = img_seed;
@@ -981,7 +1037,7 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
 
     auto cache = open_cache(p);
     ArtifactCache* cachep = cache ? &*cache : nullptr;
-    const bool cfg = p.cfg_scale != 1.0f;
+    const bool cfg = need_negative(s);
     // conditioning from --load-embeddings or the cache never opens the text encoder, not even
     // for the memory check's headers
     if (!p.load_embeddings.empty() || (cachep && cachep->get(ArtifactKind::Conditioning, conditioning_key(*fam, s, cfg))))
@@ -1134,7 +1190,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         auto fam = open_model(s);
         StageMeter meter;
         const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam->defaults().clip_skip;
-        PromptConditioning c = encode_prompts(*fam, p.prompt, p.negative_prompt, clip_skip, p.cfg_scale != 1.0f);
+        PromptConditioning c = encode_prompts(*fam, p.prompt, p.negative_prompt, clip_skip, need_negative(s));
         c.model_fingerprint = model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint);
         log_stage("encode-prompt", *fam, {Module::Te}, meter);
         fam->unload(Module::Te);
@@ -1196,7 +1252,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         }
         W = round_size(W, fam->size_multiple(), "width");
         H = round_size(H, fam->size_multiple(), "height");
-        PromptConditioning cond = obtain_conditioning(*fam, s, p.cfg_scale != 1.0f, nullptr, nullptr);
+        PromptConditioning cond = obtain_conditioning(*fam, s, need_negative(s), nullptr, nullptr);
         DenoiseInputs in;
         in.cond = &cond;
         if (init_lat && init_lat->posterior) in.init_posterior = &*init_lat->posterior;

@@ -42,9 +42,15 @@ struct GenerateParams {
     /// (Family::defaults(): Z-Image 8 steps CFG 1, FLUX.2 Klein distilled 4 steps CFG 1 ...);
     /// true (the default for library callers): steps / cfg_scale are used as they are.
     bool steps_given = true, cfg_scale_given = true;
-    std::string sampling_method;  ///< --sampling-method ("" = family default: euler_a for SD)
-    std::string scheduler;        ///< --scheduler ("" = discrete)
-    float eta = 0.0f;             ///< --eta
+    /// --sampling-method: an easel / sd-cli name, an A1111 display name or alias ("DPM++ 2M Karras",
+    /// k_dpmpp_2m_ka) or a ComfyUI name (sampling/names.h); "" = family default (euler_a for SD)
+    std::string sampling_method;
+    std::string scheduler;        ///< --scheduler (any name of sampling/names.h; "" = the sampler's or family's default)
+    /// --eta: the noise amount of ancestral / SDE / DDIM / TCD samplers. Used when eta_given, or when
+    /// > 0 (library callers); otherwise the method's default (sampling::default_eta). 0 is a value.
+    float eta = 0.0f;
+    bool eta_given = false;
+    std::string sigmas;           ///< --sigmas: a comma-separated schedule given by hand ("" = the scheduler's)
     float flow_shift = 0.0f;      ///< --flow-shift (0 = auto)
     std::string prediction;       ///< --prediction override: eps, v, ... ("" = detect)
     int64_t seed = 42;            ///< -s/--seed (< 0: random, printed)

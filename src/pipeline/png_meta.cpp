@@ -1,6 +1,9 @@
 #include "pipeline/png_meta.h"
 #include "core/platform.h"
 
+#include "core/strings.h"
+#include "sampling/names.h"
+
 #include "core/error.h"
 #include "easel_version.h"
 #include "text/unicode.h"
@@ -344,57 +347,41 @@ Infotext make_infotext(const GenerationInfo& g) {
     return t;
 }
 
-namespace {
-struct NamePair {
-    std::string_view method, a1111;
-};
-// sd.cpp --sampling-method names -> A1111 sampler display names (modules/sd_samplers_kdiffusion.py,
-// sd_samplers_lcm.py, sd_samplers_timesteps.py). Names without an A1111 sampler keep a readable form.
-constexpr NamePair kSamplers[] = {
-    {"euler", "Euler"},         {"euler_a", "Euler a"},         {"heun", "Heun"},
-    {"dpm2", "DPM2"},           {"dpm2_a", "DPM2 a"},           {"dpm++2s_a", "DPM++ 2S a"},
-    {"dpm++2m", "DPM++ 2M"},    {"dpm++2mv2", "DPM++ 2M v2"},   {"dpm++sde", "DPM++ SDE"},
-    {"dpm++2m_sde", "DPM++ 2M SDE"}, {"dpm++3m_sde", "DPM++ 3M SDE"}, {"lms", "LMS"},
-    {"ipndm", "iPNDM"},         {"ipndm_v", "iPNDM_v"},         {"lcm", "LCM"},
-    {"ddim_trailing", "DDIM"},  {"ddim", "DDIM"},               {"tcd", "TCD"},
-    {"unipc", "UniPC"},         {"plms", "PLMS"},               {"restart", "Restart"},
-};
-// sd.cpp --scheduler names -> A1111 "Schedule type" labels (modules/sd_schedulers.py).
-constexpr NamePair kSchedulers[] = {
-    {"discrete", "Normal"},     {"karras", "Karras"},           {"exponential", "Exponential"},
-    {"sgm_uniform", "SGM Uniform"}, {"simple", "Simple"},       {"ays", "Align Your Steps"},
-    {"kl_optimal", "KL Optimal"}, {"polyexponential", "Polyexponential"}, {"uniform", "Uniform"},
-    {"beta", "Beta"},           {"ddim_uniform", "DDIM"},       {"automatic", "Automatic"},
-};
-}  // namespace
-
+// The names come from the one table of sampling/names.h.
 std::string a1111_sampler_name(std::string_view method) {
-    for (const auto& p : kSamplers)
-        if (p.method == method) return std::string(p.a1111);
+    const std::string low = ascii_lower(method);
+    for (const auto& i : sampling::sampler_infos())
+        if (low == i.name) return sampling::a1111_sampler_label(i.kind);
     return std::string(method);
 }
 
 std::optional<std::string> sampler_from_a1111_name(std::string_view name) {
-    for (const auto& p : kSamplers)
-        if (p.a1111 == name || p.method == name) return std::string(p.method == "ddim" ? "ddim_trailing" : p.method);
-    // Old A1111 infotexts append the schedule ("DPM++ 2M Karras"); newer sd.cpp writes
-    // "<method> <scheduler>" ("euler discrete"): accept "<sampler> <known schedule>".
+    auto try_one = [](std::string_view n) -> std::optional<std::string> {
+        try {
+            return std::string(sampling::sampler_name(sampling::resolve_sampler_name(n).sampler));
+        } catch (const Error&) {
+            return std::nullopt;
+        }
+    };
+    if (auto r = try_one(name)) return r;
+    // sd.cpp writes "<method> <scheduler>" ("euler discrete"): accept "<sampler> <known schedule>".
     const size_t sp = name.rfind(' ');
     if (sp != std::string_view::npos) {
-        const std::string_view head = name.substr(0, sp), tail = name.substr(sp + 1);
-        bool known_schedule = false;
-        for (const auto& p : kSchedulers) known_schedule |= (p.method == tail || p.a1111 == tail);
-        if (known_schedule)
-            for (const auto& p : kSamplers)
-                if (p.a1111 == head || p.method == head) return std::string(p.method == "ddim" ? "ddim_trailing" : p.method);
+        try {
+            (void)sampling::resolve_scheduler_name(name.substr(sp + 1));
+            return try_one(name.substr(0, sp));
+        } catch (const Error&) {
+        }
     }
     return std::nullopt;
 }
 
 std::string a1111_scheduler_name(std::string_view scheduler) {
-    for (const auto& p : kSchedulers)
-        if (p.method == scheduler) return std::string(p.a1111);
-    return std::string(scheduler);
+    try {
+        return sampling::a1111_scheduler_label(sampling::parse_scheduler(scheduler));
+    } catch (const Error&) {
+        return std::string(scheduler);
+    }
 }
 
 std::string lora_hashes_value(const std::vector<std::pair<std::string, std::string>>& name_hash) {

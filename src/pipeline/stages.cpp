@@ -227,17 +227,23 @@ Image decode_latent(models::Family& fam, std::span<const float> z, int64_t h, in
 sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job, bool has_init, int* start_out) {
     const sampling::ModelSampling& ms = fam.model_sampling();
     sampling::Schedule full;
-    if (job.method == sampling::SamplerKind::DdimTrailing) full = sampling::ddim_trailing_schedule(ms, job.steps);
-    else if (job.method == sampling::SamplerKind::DpmPP2M && !ms.is_flow() &&
+    const bool diffusers_multistep = job.method == sampling::SamplerKind::DpmPP2M || job.method == sampling::SamplerKind::UniPc ||
+                                     job.method == sampling::SamplerKind::Deis;
+    if (!job.sigmas.empty()) full = sampling::custom_schedule(ms, job.sigmas);
+    else if (job.method == sampling::SamplerKind::DdimTrailing) full = sampling::ddim_trailing_schedule(ms, job.steps);
+    else if (job.method == sampling::SamplerKind::Ddim) full = sampling::ddim_schedule(ms, job.steps, sampling::Spacing::Leading);
+    else if (diffusers_multistep && !ms.is_flow() &&
              (job.scheduler == sampling::SchedulerKind::Discrete || job.scheduler == sampling::SchedulerKind::Karras))
-        // DPM++ 2M runs on diffusers' DPMSolverMultistepScheduler timesteps (integer timesteps,
-        // linspace over n+1 points), so that it equals diffusers' "DPM++ 2M" pipelines.
+        // DPM++ 2M, UniPC and DEIS run on the timesteps of diffusers' DPMSolverMultistep /
+        // UniPCMultistep / DEISMultistep schedulers (integer timesteps, linspace over n+1 points;
+        // karras: rounded), so that they equal diffusers' pipelines.
         full = sampling::diffusers_dpmsolver_schedule(ms, job.steps, job.scheduler == sampling::SchedulerKind::Karras);
     else {
         sampling::ScheduleOptions so = fam.schedule_options();
         if (so.image_seq_len <= 0) so.image_seq_len = fam.image_seq_len(job.width, job.height);
         full = sampling::make_schedule(ms, job.scheduler, job.steps, so);
     }
+    const int steps = full.steps();  // a beta or ddim_uniform schedule, or --sigmas, can differ from job.steps
     int start = 0;
     if (has_init) {
         // diffusers' img2img rules: StableDiffusionImg2ImgPipeline.get_timesteps runs int(steps *
@@ -245,13 +251,13 @@ sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job
         // Z-Image: StableDiffusion3Img2ImgPipeline.get_timesteps) start at
         // t_start = int(steps - steps * strength), so 8 steps at 0.6 run 5 there, 4 here. At least
         // one step runs.
-        int run = ms.is_flow() ? job.steps - (int)std::max((double)job.steps - (double)job.steps * job.strength, 0.0)
-                               : std::min(job.steps, (int)((double)job.steps * job.strength));
+        int run = ms.is_flow() ? steps - (int)std::max((double)steps - (double)steps * job.strength, 0.0)
+                               : std::min(steps, (int)((double)steps * job.strength));
         if (run < 1) {
-            log::warn("--strength {} with {} steps runs no step: running 1", job.strength, job.steps);
+            log::warn("--strength {} with {} steps runs no step: running 1", job.strength, steps);
             run = 1;
         }
-        start = job.steps - run;
+        start = steps - run;
     }
     if (start_out) *start_out = start;
     sampling::Schedule s;
@@ -279,6 +285,7 @@ nlohmann::json job_params(const DenoiseJob& job, const std::string& family, cons
     j["strength"] = init_hash.empty() ? nlohmann::json(nullptr) : nlohmann::json(job.strength);
     j["conditioning_hash"] = conditioning_hash;
     j["init_hash"] = init_hash;
+    if (!job.sigmas.empty()) j["sigmas"] = job.sigmas;
     return nlohmann::json(j);
 }
 
@@ -300,6 +307,10 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
     if (cfg && !in.cond->has_negative)
         fail(ErrorKind::InvalidInput, "the conditioning has no negative prompt (it was encoded with --cfg-scale 1); encode it again with "
              "the CFG scale of this job, or run with --cfg-scale 1");
+    if (sampling::sampler_info(job.method).needs_uncond && !in.cond->has_negative)
+        fail(ErrorKind::InvalidInput, "{} needs the negative prompt's prediction too, and the conditioning has none (it was encoded with "
+             "--cfg-scale 1); encode it again with --sampling-method {}, or use another sampler",
+             sampling::sampler_name(job.method), sampling::sampler_name(job.method));
     const auto lf = fam.latent_format();
     const int f = lf.spatial_factor;
     const int64_t h = job.height / f, w = job.width / f, C = lf.channels, n = C * h * w;
@@ -314,7 +325,8 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
     fam.load(models::Module::Diffusion);
     const auto& ms = fam.model_sampling();
     const bool flow = ms.is_flow();
-    const sampling::Schedule schedule = job_schedule(fam, job, has_init);
+    int start_step = 0;
+    const sampling::Schedule schedule = job_schedule(fam, job, has_init, &start_step);
 
     // Draw order as diffusers' pipelines: init-image posterior, initial noise, then (inpainting)
     // the masked-image posterior, which ordinary models do not use but still draw.
@@ -346,7 +358,7 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
     }
     // Inpainting at full strength starts from pure noise (diffusers is_strength_max); img2img
     // adds noise to the init latent at the first sigma.
-    const bool pure_noise = !has_init || (has_mask && schedule.sigmas.size() == (size_t)job.steps + 1);
+    const bool pure_noise = !has_init || (has_mask && start_step == 0);
 
     DenoiseResult res;
     std::optional<sampling::Sampler> sampler;

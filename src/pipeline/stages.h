@@ -98,16 +98,20 @@ struct DenoiseJob {
     sampling::SchedulerKind scheduler = sampling::SchedulerKind::Discrete;
     int steps = 20;
     float cfg_scale = 7.0f;
-    float eta = -1.0f;  ///< < 0: the method's default
+    float eta = -1.0f;  ///< < 0: the method's default (sampling::default_eta); 0 is a value
+    /// --sigmas: the schedule given by hand (sampling::custom_schedule; steps = size - 1); empty:
+    /// the scheduler's
+    std::vector<float> sigmas;
     sampling::RngKind rng = sampling::RngKind::Cuda, sampler_rng = sampling::RngKind::Cuda;
     int64_t seed = 42;  ///< this image's seed
     int width = 0, height = 0;  ///< pixels (multiples of the latent factor)
     float strength = 0.75f;     ///< img2img strength (used with an init latent)
 };
 
-/// The schedule the job samples on: the method's schedule over the family's noise process and
-/// schedule_options() (DPM++ 2M of discrete models on diffusers' DPMSolver timesteps, DDIM
-/// trailing its own), cut at diffusers' img2img start when has_init.
+/// The schedule the job samples on: job.sigmas when given (--sigmas), else the method's schedule
+/// over the family's noise process and schedule_options() (DPM++ 2M, UniPC and DEIS of discrete
+/// models with the discrete or karras scheduler on diffusers' DPMSolver / UniPC / DEIS timesteps,
+/// ddim_trailing and ddim their own DDIM timesteps), cut at diffusers' img2img start when has_init.
 /// Returns the cut schedule; `start` (if non-null) gets the first step's index.
 sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job, bool has_init, int* start = nullptr);
 
@@ -153,7 +157,7 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
 
 /// The parameters a checkpoint must agree with to be resumed (JSON object): family,
 /// model_fingerprint, sampler, scheduler, steps, seed, width, height, cfg_scale, eta, rng,
-/// sampler_rng, strength (with init), conditioning_hash, init_hash.
+/// sampler_rng, strength (with init), conditioning_hash, init_hash, and sigmas (only when given).
 nlohmann::json job_params(const DenoiseJob& job, const std::string& family, const std::string& model_fingerprint,
                           const std::string& conditioning_hash, const std::string& init_hash);
 

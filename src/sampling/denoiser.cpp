@@ -26,6 +26,13 @@ Denoiser::Scalings Denoiser::scalings(double sigma) const {
 }
 
 void Denoiser::denoise(std::span<const float> x, double sigma, double timestep, std::span<float> out) {
+    denoise(x, sigma, timestep, out, {});
+}
+
+void Denoiser::denoise(std::span<const float> x, double sigma, double timestep, std::span<float> out, std::span<float> uncond_out) {
+    const bool want_uncond = !uncond_out.empty();
+    if (want_uncond && uncond_out.size() != x.size())
+        fail(ErrorKind::InvalidInput, "denoise: unconditional output has {} elements, input {}", uncond_out.size(), x.size());
     if (out.size() != x.size())
         fail(ErrorKind::InvalidInput, "denoise: output has {} elements, input {}", out.size(), x.size());
     if (!std::isfinite(sigma) || sigma < 0) fail(ErrorKind::InvalidInput, "denoise: bad sigma {}", sigma);
@@ -43,7 +50,7 @@ void Denoiser::denoise(std::span<const float> x, double sigma, double timestep, 
     model_(x_in_, timestep, Branch::Cond, cond_);
     ++calls_;
     const bool guided = cfg_scale_ != 1.0f;
-    if (guided) {
+    if (guided || want_uncond) {
         uncond_.assign(n, 0.0f);
         model_(x_in_, timestep, Branch::Uncond, uncond_);
         ++calls_;
@@ -56,6 +63,12 @@ void Denoiser::denoise(std::span<const float> x, double sigma, double timestep, 
         if (!std::isfinite(d))
             fail(ErrorKind::Internal, "the model returned a non-finite value at element {} (sigma {})", i, sigma);
         out[i] = static_cast<float>(d);
+        if (want_uncond) {
+            const double du = sc.c_skip * x[i] + sc.c_out * static_cast<double>(uncond_[i]);
+            if (!std::isfinite(du))
+                fail(ErrorKind::Internal, "the model returned a non-finite value at element {} (sigma {})", i, sigma);
+            uncond_out[i] = static_cast<float>(du);
+        }
     }
 }
 

@@ -47,6 +47,11 @@ public:
     /// on size mismatch or a non-finite / negative sigma, Error(Internal) if the model callback
     /// returns non-finite values.
     void denoise(std::span<const float> x, double sigma, double timestep, std::span<float> out);
+    /// As denoise, and also writes the unconditional estimate D_uncond(x; sigma) =
+    /// c_skip*x + c_out*F_uncond into uncond_out (same size as x), for the CFG++ samplers
+    /// (Chung et al. 2024, arXiv:2406.08070; ComfyUI's post-CFG uncond_denoised). At cfg_scale 1
+    /// the unconditional pass still runs (ComfyUI's disable_cfg1_optimization), and out is D_cond.
+    void denoise(std::span<const float> x, double sigma, double timestep, std::span<float> out, std::span<float> uncond_out);
 
     const ModelSampling& model_sampling() const { return ms_; }
     float cfg_scale() const { return cfg_scale_; }

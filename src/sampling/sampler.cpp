@@ -9,6 +9,7 @@
 #include "core/strings.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 
@@ -28,50 +29,91 @@ std::pair<double, double> ancestral_step(double s, double sn, double eta) {
 
 }  // namespace
 
+namespace {
+
+// name, default eta, uses eta, flow form, needs uncond, Brownian tree, reference
+constexpr SamplerInfo kSamplers[] = {
+    {SamplerKind::Euler, "euler", 0, false, true, false, false, "k-diffusion sample_euler"},
+    {SamplerKind::EulerA, "euler_a", 1, true, true, false, false,
+     "k-diffusion sample_euler_ancestral; flow: ComfyUI sample_euler_ancestral_RF"},
+    {SamplerKind::Heun, "heun", 0, false, true, false, false, "k-diffusion sample_heun"},
+    {SamplerKind::Dpm2, "dpm2", 0, false, true, false, false, "k-diffusion sample_dpm_2"},
+    {SamplerKind::DpmPP2M, "dpm++2m", 0, false, true, false, false,
+     "k-diffusion sample_dpmpp_2m; flow: diffusers DPMSolverMultistepScheduler use_flow_sigmas"},
+    {SamplerKind::DpmPP2SA, "dpm++2s_a", 1, true, false, false, false, "k-diffusion sample_dpmpp_2s_ancestral"},
+    {SamplerKind::Lcm, "lcm", 0, false, true, false, false, "k-diffusion / ComfyUI sample_lcm"},
+    {SamplerKind::DdimTrailing, "ddim_trailing", 0, true, false, false, false,
+     "DDIM (diffusers DDIMScheduler, trailing spacing); sd.cpp ddim_trailing"},
+    {SamplerKind::Dpm2A, "dpm2_a", 1, true, true, false, false,
+     "k-diffusion sample_dpm_2_ancestral; flow: ComfyUI sample_dpm_2_ancestral_RF"},
+    {SamplerKind::DpmPP2S, "dpm++2s", 0, true, false, false, false, "k-diffusion sample_dpmpp_2s_ancestral with eta 0"},
+    {SamplerKind::DpmPPSde, "dpm++_sde", 1, true, true, false, true,
+     "k-diffusion sample_dpmpp_sde (r 1/2); flow: ComfyUI's half-log-SNR form"},
+    {SamplerKind::DpmPP2Mv2, "dpm++2mv2", 0, false, true, false, false, "sd.cpp sample_dpmpp_2m_v2"},
+    {SamplerKind::DpmPP2MSde, "dpm++2m_sde", 1, true, true, false, false,
+     "k-diffusion sample_dpmpp_2m_sde (midpoint); flow: ComfyUI's half-log-SNR form"},
+    {SamplerKind::DpmPP2MSdeBt, "dpm++2m_sde_bt", 1, true, true, false, true,
+     "dpm++2m_sde with sd.cpp's Brownian-tree noise"},
+    {SamplerKind::Ipndm, "ipndm", 0, false, true, false, false, "ComfyUI sample_ipndm (zju-pi diff-solvers)"},
+    {SamplerKind::IpndmV, "ipndm_v", 0, false, true, false, false, "ComfyUI sample_ipndm_v (zju-pi diff-solvers)"},
+    {SamplerKind::Lms, "lms", 0, false, true, false, false, "k-diffusion sample_lms (order 4)"},
+    {SamplerKind::Deis, "deis", 0, false, true, false, false,
+     "diffusers DEISMultistepScheduler (solver_order 2, logrho, lower_order_final)"},
+    {SamplerKind::UniPc, "uni_pc", 0, false, true, false, false,
+     "diffusers UniPCMultistepScheduler (solver_order 2, bh2, predict_x0, lower_order_final)"},
+    {SamplerKind::Ddim, "ddim", 0, true, false, false, false, "diffusers DDIMScheduler (leading spacing, steps_offset 1)"},
+    {SamplerKind::Tcd, "tcd", 0, true, false, false, false, "diffusers TCDScheduler; sd.cpp sample_tcd"},
+    {SamplerKind::ResMultistep, "res_multistep", 0, true, true, false, false, "ComfyUI res_multistep (arXiv:2308.02157)"},
+    {SamplerKind::Res2s, "res_2s", 0, true, true, false, false, "sd.cpp sample_res_2s"},
+    {SamplerKind::ErSde, "er_sde", 1, true, true, false, false, "ComfyUI sample_er_sde (arXiv:2309.06169)"},
+    {SamplerKind::EulerCfgPP, "euler_cfg_pp", 0, false, true, true, false, "ComfyUI sample_euler_cfg_pp (arXiv:2406.08070)"},
+    {SamplerKind::EulerACfgPP, "euler_a_cfg_pp", 1, true, true, true, false, "ComfyUI sample_euler_ancestral_cfg_pp"},
+};
+
+std::string all_sampler_names() {
+    std::string r;
+    for (const auto& i : kSamplers) r += (r.empty() ? "" : ", ") + std::string(i.name);
+    return r;
+}
+
+}  // namespace
+
+std::span<const SamplerInfo> sampler_infos() { return kSamplers; }
+
+const SamplerInfo& sampler_info(SamplerKind kind) {
+    for (const auto& i : kSamplers)
+        if (i.kind == kind) return i;
+    fail(ErrorKind::Internal, "unknown sampler kind {}", static_cast<int>(kind));
+}
+
 SamplerKind parse_sampler(std::string_view name) {
     const std::string s = ascii_lower(name);
-    if (s == "euler") return SamplerKind::Euler;
-    if (s == "euler_a") return SamplerKind::EulerA;
-    if (s == "heun") return SamplerKind::Heun;
-    if (s == "dpm2") return SamplerKind::Dpm2;
-    if (s == "dpm++2m") return SamplerKind::DpmPP2M;
-    if (s == "dpm++2s_a") return SamplerKind::DpmPP2SA;
-    if (s == "lcm") return SamplerKind::Lcm;
-    if (s == "ddim_trailing") return SamplerKind::DdimTrailing;
-    if (s == "dpm++2mv2" || s == "ipndm" || s == "ipndm_v" || s == "tcd" || s == "res_multistep" || s == "res_2s" ||
-        s == "er_sde" || s == "dpm++2m_sde" || s == "euler_a_cfg_pp")
-        fail(ErrorKind::Unsupported,
-             "sampling method '{}' (an sd-cli name) is not available in easel: use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm "
-             "or ddim_trailing",
-             name);
-    fail(ErrorKind::InvalidInput,
-         "unknown sampling method '{}': use euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm or ddim_trailing", name);
+    for (const auto& i : kSamplers)
+        if (s == i.name) return i.kind;
+    // names used by sd.cpp, A1111, ComfyUI or diffusers for methods easel does not have
+    static constexpr std::string_view kKnown[] = {"euler_ge", "dpm++3m_sde", "dpm++2m_sde_heun", "dpm_fast", "dpm_adaptive",
+                                                  "restart", "plms", "ddim_cfg_pp", "heunpp2", "seeds_2", "seeds_3",
+                                                  "sa_solver", "dpm++2s_a_cfg_pp", "dpm++2m_cfg_pp", "gradient_estimation"};
+    for (auto k : kKnown)
+        if (s == k)
+            fail(ErrorKind::Unsupported, "sampling method '{}' is not available in easel: use one of {}", name, all_sampler_names());
+    fail(ErrorKind::InvalidInput, "unknown sampling method '{}': use one of {}", name, all_sampler_names());
 }
 
 const char* sampler_name(SamplerKind kind) {
-    switch (kind) {
-        case SamplerKind::Euler: return "euler";
-        case SamplerKind::EulerA: return "euler_a";
-        case SamplerKind::Heun: return "heun";
-        case SamplerKind::Dpm2: return "dpm2";
-        case SamplerKind::DpmPP2M: return "dpm++2m";
-        case SamplerKind::DpmPP2SA: return "dpm++2s_a";
-        case SamplerKind::Lcm: return "lcm";
-        case SamplerKind::DdimTrailing: return "ddim_trailing";
-    }
+    for (const auto& i : kSamplers)
+        if (i.kind == kind) return i.name;
     return "?";
 }
 
-float default_eta(SamplerKind kind) {
-    return (kind == SamplerKind::EulerA || kind == SamplerKind::DpmPP2SA) ? 1.0f : 0.0f;
-}
+float default_eta(SamplerKind kind) { return sampler_info(kind).default_eta; }
 
 // ---------------------------------------------------------------------------------------
 // State serialisation.
 
 namespace {
 
-constexpr int64_t kStateVersion = 1;
+constexpr int64_t kStateVersion = 2;  // 2: history, history_count, tree_seed
 
 template <typename T>
 const std::vector<T>& get(const StateMap& m, const std::string& key) {
@@ -106,13 +148,18 @@ StateMap SamplerState::to_map() const {
     m["s_noise"] = std::vector<float>{s_noise};
     m["rng"] = rng;
     m["old_denoised"] = old_denoised;
+    std::vector<float> flat;
+    for (const auto& h : history) flat.insert(flat.end(), h.begin(), h.end());
+    m["history"] = std::move(flat);
+    m["history_count"] = std::vector<int64_t>{static_cast<int64_t>(history.size())};
+    m["tree_seed"] = tree_seed;
     return m;
 }
 
 SamplerState SamplerState::from_map(const StateMap& m) {
     const int64_t version = get_scalar<int64_t>(m, "version");
-    if (version != kStateVersion)
-        fail(ErrorKind::InvalidInput, "sampler state has format version {}, this easel reads version {}", version,
+    if (version != 1 && version != kStateVersion)
+        fail(ErrorKind::InvalidInput, "sampler state has format version {}, this easel reads versions 1 and {}", version,
              kStateVersion);
     SamplerState s;
     const auto& name = get<uint8_t>(m, "sampler");
@@ -127,6 +174,23 @@ SamplerState SamplerState::from_map(const StateMap& m) {
     s.s_noise = get_scalar<float>(m, "s_noise");
     s.rng = get<int64_t>(m, "rng");
     s.old_denoised = get<float>(m, "old_denoised");
+    if (version >= 2) {
+        const auto& flat = get<float>(m, "history");
+        const int64_t count = get_scalar<int64_t>(m, "history_count");
+        if (count < 0 || count > 16)
+            fail(ErrorKind::InvalidInput, "sampler state: history_count {} out of range 0..16", count);
+        if (count > 0) {
+            if (flat.size() % static_cast<size_t>(count) != 0)
+                fail(ErrorKind::InvalidInput, "sampler state: history has {} values, not a multiple of {} buffers", flat.size(), count);
+            const size_t each = flat.size() / static_cast<size_t>(count);
+            for (int64_t k = 0; k < count; ++k)
+                s.history.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(k * each),
+                                       flat.begin() + static_cast<std::ptrdiff_t>((k + 1) * each));
+        } else if (!flat.empty()) {
+            fail(ErrorKind::InvalidInput, "sampler state: history has {} values but history_count is 0", flat.size());
+        }
+        s.tree_seed = get<int64_t>(m, "tree_seed");
+    }
     return s;
 }
 
@@ -143,8 +207,9 @@ Sampler::Sampler(SamplerKind kind, const Schedule& schedule, std::vector<int64_t
     st_.timesteps = schedule.timesteps;
     st_.eta = eta < 0 ? default_eta(kind) : eta;
     st_.s_noise = s_noise;
-    st_.rng = rng_.save();
     validate();
+    init_method_state();
+    st_.rng = rng_.save();
     // Once per distinct message (a batch builds one sampler per image).
     if (auto w = zsnr_step_warning(kind, st_.sigmas, flow); !w.empty()) {
         static std::mutex mu;
@@ -155,7 +220,11 @@ Sampler::Sampler(SamplerKind kind, const Schedule& schedule, std::vector<int64_t
     }
 }
 
-Sampler::Sampler(SamplerState state) : st_(std::move(state)), rng_(Rng::restore(st_.rng)) { validate(); }
+Sampler::Sampler(SamplerState state) : st_(std::move(state)), rng_(Rng::restore(st_.rng)) {
+    validate();
+    if (sampler_info(st_.kind).brownian && st_.tree_seed.size() != 1)
+        fail(ErrorKind::InvalidInput, "sampler state of {} has no Brownian tree seed", sampler_name(st_.kind));
+}
 
 void Sampler::validate() const {
     const auto& s = st_;
@@ -187,18 +256,134 @@ void Sampler::validate() const {
         fail(ErrorKind::InvalidInput, "sampler: eta ({}) must be >= 0 and s_noise ({}) finite", s.eta, s.s_noise);
     if (!s.old_denoised.empty() && s.old_denoised.size() != s.x.size())
         fail(ErrorKind::InvalidInput, "sampler: history has {} values, latent {}", s.old_denoised.size(), s.x.size());
-    if (s.flow && (s.kind == SamplerKind::DpmPP2SA || s.kind == SamplerKind::DdimTrailing))
-        fail(ErrorKind::InvalidInput, "sampling method {} has no flow form here: use euler, euler_a, heun, dpm2, "
-             "dpm++2m or lcm with flow models", sampler_name(s.kind));
+    for (const auto& h : s.history)
+        if (h.size() != s.x.size())
+            fail(ErrorKind::InvalidInput, "sampler: a history buffer has {} values, latent {}", h.size(), s.x.size());
+    const SamplerInfo& info = sampler_info(s.kind);
+    if (s.flow && !info.flow) {
+        std::string ok;
+        for (const auto& i : sampler_infos())
+            if (i.flow) ok += (ok.empty() ? "" : ", ") + std::string(i.name);
+        fail(ErrorKind::InvalidInput, "sampling method {} has no flow form here: use one of {} with flow models",
+             sampler_name(s.kind), ok);
+    }
+    if (s.tree_seed.size() > 1 || (!info.brownian && !s.tree_seed.empty()))
+        fail(ErrorKind::InvalidInput, "sampler: tree_seed must be empty or hold one value for the Brownian-tree methods");
+}
+
+void Sampler::init_method_state() {
+    if (!sampler_info(st_.kind).brownian || !st_.tree_seed.empty()) return;
+    // sd.cpp sample_dpmpp_2m_sde_bt: the tree seed is the bits of two floats drawn from the sampler RNG.
+    const auto draw = rng_.randn(2);
+    uint64_t seed = 0;
+    std::memcpy(&seed, draw.data(), sizeof(seed));
+    st_.tree_seed = {static_cast<int64_t>(seed)};
 }
 
 std::vector<float> Sampler::noise() { return rng_.randn(static_cast<int64_t>(st_.x.size())); }
+
+namespace {
+
+// splitmix64's finaliser over v + salt (sd.cpp BrownianTreeNoiseSampler::mix64).
+uint64_t mix64(uint64_t v, uint64_t salt) {
+    uint64_t z = v + salt;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// The node draw: std_default seeded with the 64-bit node seed folded to the 32 bits MT19937 takes.
+std::vector<float> node_randn(uint64_t seed, int64_t n) {
+    Rng r(RngKind::StdDefault, (seed ^ (seed >> 32)) & 0xFFFFFFFFULL);
+    return r.randn(n);
+}
+
+}  // namespace
+
+std::vector<float> brownian_tree_w(uint64_t seed, double t_min, double t_max, int64_t numel, double t) {
+    if (numel < 0) fail(ErrorKind::InvalidInput, "brownian_tree_w: numel {} < 0", numel);
+    if (!(t_max > t_min) || !std::isfinite(t_min) || !std::isfinite(t_max))
+        fail(ErrorKind::InvalidInput, "brownian_tree_w: bad interval [{}, {}]", t_min, t_max);
+    const size_t n = static_cast<size_t>(numel);
+    t = std::clamp(t, t_min, t_max);
+    std::vector<float> wa(n, 0.0f), wc = node_randn(mix64(seed, 0xBF58476D1CE4E5B9ULL), numel);
+    const float root_scale = static_cast<float>(std::sqrt(t_max - t_min));
+    for (auto& v : wc) v *= root_scale;
+    double a = t_min, c = t_max;
+    uint64_t node = mix64(seed, 0x9E3779B97F4A7C15ULL);
+    for (int depth = 24;; --depth) {
+        if (depth <= 0 || c - a < 1e-9) {
+            const float alpha = c > a ? static_cast<float>((t - a) / (c - a)) : 0.5f;
+            std::vector<float> w(n);
+            for (size_t k = 0; k < n; ++k) w[k] = (1.0f - alpha) * wa[k] + alpha * wc[k];
+            return w;
+        }
+        const double m = 0.5 * (a + c);
+        const float sd = static_cast<float>(std::sqrt((c - m) * (m - a) / (c - a)));
+        const auto z = node_randn(node, numel);
+        std::vector<float> wm(n);
+        for (size_t k = 0; k < n; ++k) wm[k] = 0.5f * (wa[k] + wc[k]) + sd * z[k];
+        if (t == m) return wm;
+        if (t < m) {
+            c = m;
+            wc = std::move(wm);
+            node = mix64(node, 1);
+        } else {
+            a = m;
+            wa = std::move(wm);
+            node = mix64(node, 2);
+        }
+    }
+}
+
+std::vector<float> Sampler::tree_w(double t) {
+    for (const auto& [k, v] : tree_cache_)
+        if (k == t) return v;
+    double t_min = std::numeric_limits<double>::infinity(), t_max = 0;
+    for (float v : st_.sigmas)
+        if (v > 0) t_min = std::min(t_min, static_cast<double>(v)), t_max = std::max(t_max, static_cast<double>(v));
+    auto w = brownian_tree_w(static_cast<uint64_t>(st_.tree_seed.at(0)), t_min, t_max, static_cast<int64_t>(st_.x.size()), t);
+    if (tree_cache_.size() >= 4) tree_cache_.erase(tree_cache_.begin());
+    tree_cache_.emplace_back(t, w);
+    return w;
+}
+
+std::vector<float> Sampler::noise(double sigma, double sigma_next) {
+    const size_t n = st_.x.size();
+    if (noise_override_) {
+        auto z = noise_override_(sigma, sigma_next);
+        if (z.size() != n) fail(ErrorKind::InvalidInput, "sampler noise source gave {} values, the latent has {}", z.size(), n);
+        return z;
+    }
+    if (!sampler_info(st_.kind).brownian) return noise();
+    // sd.cpp BrownianTreeNoiseSampler::operator(): (w(hi) - w(lo)) / sqrt(|sigma_next - sigma|)
+    double t_min = std::numeric_limits<double>::infinity(), t_max = 0;
+    for (float v : st_.sigmas)
+        if (v > 0) t_min = std::min(t_min, static_cast<double>(v)), t_max = std::max(t_max, static_cast<double>(v));
+    if (!(t_max > t_min)) return std::vector<float>(n, 0.0f);  // one positive sigma: sd.cpp returns x unchanged
+    const double lo = std::clamp(std::min(sigma, sigma_next), t_min, t_max), hi = std::clamp(std::max(sigma, sigma_next), t_min, t_max);
+    const auto wl = tree_w(lo), wh = tree_w(hi);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(std::max(std::abs(sigma_next - sigma), 1e-12)));
+    std::vector<float> z(n);
+    for (size_t k = 0; k < n; ++k) z[k] = (wh[k] - wl[k]) * scale;
+    return z;
+}
 
 void Sampler::step(Denoiser& d) {
     if (done()) fail(ErrorKind::InvalidInput, "sampler: all {} steps are done", steps());
     if (d.model_sampling().is_flow() != st_.flow)
         fail(ErrorKind::InvalidInput, "sampler state is in {} form but the denoiser's model is {}",
              st_.flow ? "flow" : "variance-exploding", d.model_sampling().is_flow() ? "a flow model" : "an eps/v model");
+    switch (st_.kind) {
+        case SamplerKind::Euler: case SamplerKind::EulerA: case SamplerKind::Heun: case SamplerKind::Dpm2:
+        case SamplerKind::DpmPP2M: case SamplerKind::DpmPP2SA: case SamplerKind::DpmPP2S: case SamplerKind::Lcm:
+        case SamplerKind::DdimTrailing: case SamplerKind::Ddim:
+            break;
+        default:
+            step_more(d);
+            ++st_.step;
+            return;
+    }
     const int64_t i = st_.step;
     const double s = st_.sigmas[i], sn = st_.sigmas[i + 1];
     const double t = st_.timesteps[i];
@@ -223,7 +408,7 @@ void Sampler::step(Denoiser& d) {
                     x[k] = static_cast<float>(x[k] + dk * (down - s));
                 }
                 if (sn > 0) {
-                    const auto z = noise();
+                    const auto z = noise(s, sn);
                     const double c = static_cast<double>(st_.s_noise) * up;
                     for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
                 }
@@ -238,7 +423,7 @@ void Sampler::step(Denoiser& d) {
                 const double ratio = down / s;
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(ratio * x[k] + (1.0 - ratio) * den_[k]);
                 if (eta > 0) {
-                    const auto z = noise();
+                    const auto z = noise(s, sn);
                     const double a = alpha_n / alpha_down, c = static_cast<double>(st_.s_noise) * renoise;
                     for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a * x[k] + z[k] * c);
                 }
@@ -316,7 +501,8 @@ void Sampler::step(Denoiser& d) {
             st_.old_denoised = den_;
             break;
         }
-        case SamplerKind::DpmPP2SA: {
+        case SamplerKind::DpmPP2SA:
+        case SamplerKind::DpmPP2S: {
             const auto [down, up] = ancestral_step(s, sn, st_.eta);
             if (down == 0) {
                 for (size_t k = 0; k < n; ++k) {
@@ -337,7 +523,7 @@ void Sampler::step(Denoiser& d) {
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(r2 * x[k] + c2 * tmp2_[k]);
             }
             if (sn > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 const double c = static_cast<double>(st_.s_noise) * up;
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + z[k] * c);
             }
@@ -346,14 +532,15 @@ void Sampler::step(Denoiser& d) {
         case SamplerKind::Lcm: {
             x = den_;
             if (sn > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 for (size_t k = 0; k < n; ++k)
                     x[k] = st_.flow ? static_cast<float>((1.0 - sn) * x[k] + sn * z[k])
                                     : static_cast<float>(x[k] + sn * z[k]);
             }
             break;
         }
-        case SamplerKind::DdimTrailing: {
+        case SamplerKind::DdimTrailing:
+        case SamplerKind::Ddim: {
             // VE form of DDIM: x = D + sqrt(sn^2 - su^2) eps + su z, eps = (x - D)/s,
             // su = eta sqrt(sn^2 (s^2 - sn^2)/s^2) (= DDIM's sigma_t / sqrt(alpha_prev)).
             const double su = (s > sn) ? st_.eta * std::sqrt(sn * sn * (s * s - sn * sn) / (s * s)) : 0.0;
@@ -363,11 +550,13 @@ void Sampler::step(Denoiser& d) {
                 x[k] = static_cast<float>(den_[k] + dir * eps);
             }
             if (st_.eta > 0) {
-                const auto z = noise();
+                const auto z = noise(s, sn);
                 for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(x[k] + su * z[k]);
             }
             break;
         }
+        default:
+            break;  // the methods of step_more
     }
     ++st_.step;
 }
@@ -386,7 +575,7 @@ SamplerState Sampler::state() const {
 }
 
 std::vector<float> Sampler::result() const {
-    if (st_.kind == SamplerKind::DdimTrailing && done()) {
+    if ((st_.kind == SamplerKind::DdimTrailing || st_.kind == SamplerKind::Ddim) && done()) {
         const double sl = st_.sigmas.back();
         const double c = 1.0 / std::sqrt(sl * sl + 1.0);
         std::vector<float> out(st_.x.size());

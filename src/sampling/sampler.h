@@ -1,18 +1,17 @@
 // Samplers with a complete, serialisable state: resuming from a saved state after step k
 // gives the same bits as an uninterrupted run.
 //
-// Methods (sd-cli --sampling-method names; k-diffusion sampling.py semantics, Karras et al.
-// 2022 arXiv:2206.00364; formulas in docs/sampling.md):
-//   euler          Euler on the probability-flow ODE dx/dsigma = (x - D)/sigma
-//   euler_a        Euler ancestral, eta (default 1); flow form: ComfyUI sample_euler_ancestral_RF
-//   heun           Heun's 2nd order (Euler on the last step)
-//   dpm2           DPM2 (midpoint in log sigma; Euler on the last step)
-//   dpm++2m        DPM-Solver++(2M) (Lu et al. 2022, arXiv:2211.01095); flow form with
-//                  alpha = 1 - sigma (diffusers DPMSolverMultistepScheduler use_flow_sigmas)
-//   dpm++2s_a      DPM-Solver++(2S) ancestral, eta (default 1); not for flow models
-//   lcm            LCM multistep (k-diffusion sample_lcm: x = D, then re-noise to the next sigma)
-//   ddim_trailing  DDIM (Song et al. 2020, arXiv:2010.02502) on ddim_trailing_schedule(), eta
-//                  (default 0); the result is returned in the VP scaling DDIM ends in
+// Methods (sd-cli --sampling-method names plus A1111/ComfyUI/diffusers ones; the formula and the
+// reference of each are in docs/sampling.md, "Samplers"):
+//   euler, euler_a, heun, dpm2, dpm2_a, lms          k-diffusion (Karras et al. 2022, arXiv:2206.00364)
+//   dpm++2s_a, dpm++2s, dpm++_sde, dpm++2m,           DPM-Solver++ (Lu et al. 2022, arXiv:2211.01095):
+//   dpm++2m_sde, dpm++2m_sde_bt                       k-diffusion, with ComfyUI's half-log-SNR flow forms
+//   dpm++2mv2, res_2s                                 sd.cpp
+//   ipndm, ipndm_v                                    ComfyUI (zju-pi diff-solvers)
+//   res_multistep, er_sde, euler_cfg_pp,              ComfyUI (arXiv:2308.02157, arXiv:2309.06169,
+//   euler_a_cfg_pp                                    CFG++ arXiv:2406.08070)
+//   uni_pc, deis, ddim, tcd, lcm, ddim_trailing       diffusers' UniPC / DEIS / DDIM / TCD schedulers,
+//                                                     k-diffusion sample_lcm, sd.cpp ddim_trailing
 // Latents are float32 in the sampler's variance-exploding form (x = x0 + sigma*noise) for
 // eps/v models and in flow form (x = (1-sigma)*x0 + sigma*noise) for flow models.
 #pragma once
@@ -32,14 +31,36 @@
 
 namespace easel::sampling {
 
-enum class SamplerKind { Euler, EulerA, Heun, Dpm2, DpmPP2M, DpmPP2SA, Lcm, DdimTrailing };
+enum class SamplerKind {
+    Euler, EulerA, Heun, Dpm2, DpmPP2M, DpmPP2SA, Lcm, DdimTrailing,
+    // added with issue 26
+    Dpm2A, DpmPP2S, DpmPPSde, DpmPP2Mv2, DpmPP2MSde, DpmPP2MSdeBt, Ipndm, IpndmV, Lms, Deis, UniPc, Ddim, Tcd,
+    ResMultistep, Res2s, ErSde, EulerCfgPP, EulerACfgPP,
+};
 
-/// Parses a --sampling-method name: euler, euler_a, heun, dpm2, dpm++2m, dpm++2s_a, lcm,
-/// ddim_trailing (case-insensitive; the per-family default is the pipeline's choice). Other sd-cli names
-/// (dpm++2mv2, ipndm, ipndm_v, tcd, ...) raise Error(Unsupported), unknown ones Error(InvalidInput).
+/// What a method is and needs (one row per SamplerKind; sampler_info()).
+struct SamplerInfo {
+    SamplerKind kind;
+    const char* name;          ///< the --sampling-method name
+    float default_eta;         ///< eta when --eta is not given (sd.cpp resolve_eta; k-diffusion defaults)
+    bool uses_eta;             ///< eta changes the method (ancestral / SDE / DDIM / TCD noise amount)
+    bool flow;                 ///< has a flow-model (rectified flow) form
+    bool needs_uncond;         ///< needs the unconditional prediction too (CFG++): runs the negative pass at CFG 1
+    bool brownian;             ///< its noise comes from a Brownian tree (seeded from the sampler RNG)
+    const char* reference;     ///< where its formula comes from (docs/sampling.md)
+};
+/// Every method, in SamplerKind order.
+std::span<const SamplerInfo> sampler_infos();
+const SamplerInfo& sampler_info(SamplerKind kind);
+
+/// Parses an easel / sd-cli --sampling-method name (case-insensitive): the names of
+/// sampler_infos(). A1111 and ComfyUI names go through resolve_sampler_name (sampling/names.h).
+/// Known names of methods easel does not have (dpm++3m_sde, dpm_fast, dpm_adaptive, restart, plms,
+/// euler_ge, ...) raise Error(Unsupported); unknown ones Error(InvalidInput) listing the names.
 SamplerKind parse_sampler(std::string_view name);
 const char* sampler_name(SamplerKind kind);
-/// The eta a method uses when none is given (sd.cpp): 1 for euler_a and dpm++2s_a, else 0.
+/// The eta a method uses when none is given (sd.cpp's resolve_eta): 1 for euler_a, dpm2_a, dpm++2s_a,
+/// dpm++_sde, dpm++2m_sde, dpm++2m_sde_bt, er_sde and euler_a_cfg_pp, else 0.
 float default_eta(SamplerKind kind);
 
 /// One serialised value: float32, int64 or raw bytes (strings as UTF-8).
@@ -60,10 +81,19 @@ struct SamplerState {
     float eta = 0.0f;                 ///< ancestral / DDIM noise amount
     float s_noise = 1.0f;             ///< noise multiplier of ancestral samplers
     std::vector<int64_t> rng;         ///< Rng::save()
-    std::vector<float> old_denoised;  ///< dpm++2m history (D of the previous step); empty = none
+    /// D of the previous step (dpm++2m, dpm++2mv2, dpm++2m_sde(_bt), res_multistep, er_sde); empty = none
+    std::vector<float> old_denoised;
+    /// Further multistep buffers, each prod(shape) values, oldest first: lms and ipndm(_v): the
+    /// last derivatives d = (x - D)/sigma; deis: the last eps; uni_pc: the last x0 predictions and
+    /// then the sample before the last predictor; er_sde: the previous first difference.
+    std::vector<std::vector<float>> history;
+    /// Seed of the Brownian tree of dpm++_sde / dpm++2m_sde_bt (drawn from the sampler RNG when the
+    /// sampler is made); empty for the other methods.
+    std::vector<int64_t> tree_seed;
 
-    /// Flat map (keys: sampler, flow, shape, x, step, sigmas, timesteps, eta, s_noise, rng,
-    /// old_denoised, version).
+    /// Flat map (keys: version (2), sampler, flow, shape, x, step, sigmas, timesteps, eta, s_noise,
+    /// rng, old_denoised, history (all buffers concatenated), history_count, tree_seed). Version-1
+    /// maps (no history / tree_seed) are read as empty buffers.
     StateMap to_map() const;
     /// Inverse of to_map; validates every entry. Throws Error(InvalidInput) naming the bad key.
     static SamplerState from_map(const StateMap& m);
@@ -88,6 +118,13 @@ public:
     /// Runs one step. Throws Error(InvalidInput) if done(), or if the denoiser's model
     /// sampling is flow while the state is not (or the reverse).
     void step(Denoiser& d);
+
+    /// The noise of one stochastic term: prod(shape) standard normals for the interval
+    /// sigma -> sigma_next (k-diffusion's noise_sampler(sigma, sigma_next) contract).
+    using NoiseSource = std::function<std::vector<float>(double sigma, double sigma_next)>;
+    /// Replaces the method's own noise (sampler RNG or Brownian tree) with `src`, for comparisons
+    /// with reference runs that record their draws. Not part of the state (not saved).
+    void set_noise_source(NoiseSource src) { noise_override_ = std::move(src); }
     /// Runs the remaining steps; after_step (if set) sees the state after each step.
     void run(Denoiser& d, const std::function<void(const SamplerState&)>& after_step = {});
 
@@ -103,11 +140,28 @@ public:
 private:
     SamplerState st_;
     Rng rng_;
-    std::vector<float> den_, tmp_, tmp2_;
+    std::vector<float> den_, tmp_, tmp2_, unc_;
+    NoiseSource noise_override_;
+    // Brownian tree of the BT methods: w(t) for the latest few t (a pure function of the seed,
+    // so not part of the state).
+    std::vector<std::pair<double, std::vector<float>>> tree_cache_;
 
     void validate() const;
-    std::vector<float> noise();
+    void init_method_state();
+    std::vector<float> noise();                                  // one randn(numel) on the sampler RNG
+    std::vector<float> noise(double sigma, double sigma_next);  // the method's noise source
+    std::vector<float> tree_w(double t);
+    // the methods added with issue 26 (sampler_methods.cpp)
+    void step_more(Denoiser& d);
 };
+
+/// The Brownian tree of sd.cpp's dpm++2m_sde_bt (src/runtime/denoiser.hpp BrownianTreeNoiseSampler:
+/// w(t_min) = 0, w(t_max) = sqrt(t_max - t_min) z, bisection 24 levels deep with the bridge
+/// midpoint (w_a + w_c)/2 + sqrt((c-m)(m-a)/(c-a)) z, node seeds by splitmix64 mixing); its node
+/// draws use easel's std_default generator (sd.cpp: libstdc++'s std::default_random_engine), so the
+/// values are easel's own. w(t) of one seed is the same whatever is asked before it.
+/// numel: values per draw; t in [t_min, t_max] (clamped).
+std::vector<float> brownian_tree_w(uint64_t seed, double t_min, double t_max, int64_t numel, double t);
 
 /// The step-size warning for second-order methods on zero-terminal-SNR ladders (tryout finding
 /// F19; evidence in tools/demo-model/README.md, "Second-order samplers at few steps"). heun and

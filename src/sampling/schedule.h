@@ -101,16 +101,23 @@ double flux_mu(double image_seq_len, double base_seq_len = 256, double max_seq_l
 /// gives 2.19802. Throws Error(InvalidInput) for num_steps < 1.
 double flux2_empirical_mu(double image_seq_len, int num_steps);
 
-/// sd-cli --scheduler values implemented here, plus the resolution-dependent flow schedules of
-/// diffusers' FLUX pipelines (Flux: FluxPipeline's calculate_shift; Flux2: Flux2Pipeline's
-/// compute_empirical_mu).
-enum class SchedulerKind { Discrete, Karras, Exponential, SgmUniform, Simple, Lcm, Flux, Flux2 };
+/// sd-cli --scheduler values, plus the resolution-dependent flow schedules of diffusers' FLUX
+/// pipelines (Flux: FluxPipeline's calculate_shift; Flux2: Flux2Pipeline's compute_empirical_mu)
+/// and ComfyUI's ddim_uniform.
+enum class SchedulerKind {
+    Discrete, Karras, Exponential, SgmUniform, Simple, Lcm, Flux, Flux2,
+    // added with issue 26
+    Ays, Gits, Smoothstep, KlOptimal, Beta, DdimUniform,
+};
 
-/// Parses a --scheduler name (discrete, karras, exponential, sgm_uniform, simple, lcm, flux,
-/// flux2; "default" gives Discrete). Known sd-cli names not available in easel (ays, gits, smoothstep, kl_optimal,
-/// bong_tangent) raise Error(Unsupported); others Error(InvalidInput).
+/// Parses a --scheduler name (case-insensitive): discrete (also "normal", sd.cpp's alias, and
+/// "default"), karras, exponential, ays, gits, sgm_uniform, simple, smoothstep, kl_optimal, lcm,
+/// beta, ddim_uniform, flux, flux2. Known names of schedules easel does not have (bong_tangent,
+/// ltx2, logit_normal, polyexponential, ...) raise Error(Unsupported); others Error(InvalidInput).
 SchedulerKind parse_scheduler(std::string_view name);
 const char* scheduler_name(SchedulerKind kind);
+/// The --scheduler names, comma-separated (for messages and --help).
+std::string scheduler_names();
 
 /// The "discrete" timestep spacing of a discrete model (diffusers' timestep_spacing).
 enum class Spacing { Linspace, Leading, Trailing };
@@ -147,6 +154,10 @@ struct ScheduleOptions {
     /// Flux: calculate_shift's parameters (a diffusers folder's scheduler_config.json
     /// base_image_seq_len, max_image_seq_len, base_shift, max_shift).
     double base_seq_len = 256, max_seq_len = 4096, base_shift = 0.5, max_shift = 1.15;
+    /// Ays: which Align Your Steps table (NVIDIA's published noise levels; SD1.x is also what
+    /// A1111 uses for SD2.x). SDXL families set Sdxl.
+    enum class AysTable { Sd15, Sdxl, Svd } ays_table = AysTable::Sd15;
+    double beta_alpha = 0.6, beta_beta = 0.6;  ///< Beta: ComfyUI's defaults
 };
 
 /// Builds the n-step schedule of the given kind.
@@ -170,7 +181,21 @@ struct ScheduleOptions {
 ///    is not applied (the dynamic shift replaces it, as in diffusers).
 ///  * Flux2: the same with mu = flux2_empirical_mu(opt.image_seq_len, n) (Flux2Pipeline,
 ///    Flux2KleinPipeline).
-/// Timesteps of Karras/Exponential/SgmUniform/Simple come from sigma_to_t.
+///  * Ays: Align Your Steps (Sabour et al. 2024, arXiv:2404.14507): NVIDIA's 10-step noise levels
+///    (opt.ays_table), for other step counts log-linearly interpolated to n+1 points (xs =
+///    linspace(0, 1, 11), ys = log of the reversed levels, np.interp at linspace(0, 1, n+1)), the
+///    last replaced by 0 (ComfyUI AlignYourStepsScheduler, sd.cpp AYSScheduler). Discrete models.
+///  * Gits: GITS (Chen et al. 2024, arXiv:2405.11326) coefficient 1.20: the published n+1 levels for
+///    2 <= n <= 20, beyond that the 20-step levels log-linearly interpolated; last 0 (ComfyUI
+///    GITSScheduler, sd.cpp GITSScheduler). Discrete models; n >= 2.
+///  * Smoothstep: sd.cpp SmoothStepScheduler: t = round(u^2 (3 - 2u) (T-1)), u = 1 - i/n, sigma = t_to_sigma(t).
+///  * KlOptimal: tan(w atan(sigma_min) + (1 - w) atan(sigma_max)), w = i/(n-1) (ComfyUI
+///    kl_optimal_scheduler, sd.cpp; Teng et al. 2024 arXiv:2404.14507 App.); n = 1: sigma_max.
+///  * Beta: ComfyUI beta_scheduler (Lee et al. 2024, arXiv:2407.12173): t = rint(ppf_Beta(a, b)(1 - i/n)
+///    (T-1)), sigma = table[t]; repeated t are dropped, so the schedule can have fewer steps.
+///  * DdimUniform: ComfyUI ddim_scheduler (A1111 "DDIM" schedule type): table[1 + k*max(T//n, 1)]
+///    reversed (can give a step more than n).
+/// Timesteps of Karras/Exponential/SgmUniform/Simple and the added kinds come from sigma_to_t.
 /// Throws Error(InvalidInput) for steps < 1 or an impossible combination.
 Schedule make_schedule(const ModelSampling& ms, SchedulerKind kind, int steps,
                        const ScheduleOptions& opt = {});
@@ -186,6 +211,23 @@ Schedule diffusers_dpmsolver_schedule(const ModelSampling& ms, int steps, bool k
 /// round(T - i*T/n) - 1, sigma = table[t]; the final sigma is table[0] (alphas_cumprod[0]),
 /// not 0. Discrete models only; throws Error(InvalidInput) otherwise.
 Schedule ddim_trailing_schedule(const ModelSampling& ms, int steps);
+
+/// DDIM (diffusers DDIMScheduler, set_alpha_to_one False, as SD configs) for the given timestep
+/// spacing: leading (steps_offset 1; A1111's DDIM) t_i = (n-1-i)*(T//n) + 1, trailing as
+/// ddim_trailing_schedule, linspace round(linspace(0, T-1, n)) reversed; sigma = table[t], the final
+/// sigma is table[t_last - T//n] or table[0] when that is below 0 (alphas_cumprod[0], not 0).
+/// Discrete models only; throws Error(InvalidInput) otherwise.
+Schedule ddim_schedule(const ModelSampling& ms, int steps, Spacing spacing);
+
+/// A schedule given by hand (sd-cli --sigmas): the values as they are, steps = values - 1,
+/// timesteps from sigma_to_t. Validated: at least 2 values, finite, >= 0, strictly decreasing
+/// (0 only as the last value), <= 1 on flow models. sd.cpp takes the list as it is and does not
+/// append a 0: neither does easel (a list ending above 0 leaves that much noise in the result).
+/// Throws Error(InvalidInput) naming the bad value and the fix.
+Schedule custom_schedule(const ModelSampling& ms, const std::vector<float>& sigmas);
+/// Parses sd-cli's --sigmas text: comma-separated numbers, optional [ ] around them, spaces
+/// allowed ("14.61,7.8,3.5,0.0"). Throws Error(InvalidInput) on anything that is not a number.
+std::vector<float> parse_sigmas(std::string_view text);
 
 /// img2img: the first step to run for a strength in [0, 1], as sd.cpp does:
 /// t_enc = int(steps * strength) (at most steps - 1), start = steps - t_enc - 1, so that

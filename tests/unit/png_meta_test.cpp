@@ -36,7 +36,7 @@ TEST(PngMeta, Automatic1111Parameters) {
     EXPECT_EQ(info.params, kDuckParams);
     EXPECT_EQ(info.size(), (std::pair{512, 400}));
     EXPECT_EQ(info.number("CFG scale"), 5.0);
-    EXPECT_EQ(sampler_from_a1111_name(*info.get("Sampler")), "unipc");
+    EXPECT_EQ(sampler_from_a1111_name(*info.get("Sampler")), "uni_pc");
     // Formatting the parsed fields gives the original text back.
     EXPECT_EQ(format_infotext(info), kDuck);
 }
@@ -201,9 +201,12 @@ TEST(Infotext, MakeFormatsA1111Order) {
     EXPECT_EQ(a1111_sampler_name("dpm++2m"), "DPM++ 2M");
     EXPECT_EQ(a1111_sampler_name("dpm++2s_a"), "DPM++ 2S a");
     EXPECT_EQ(a1111_sampler_name("lcm"), "LCM");
-    EXPECT_EQ(a1111_sampler_name("ddim_trailing"), "DDIM");
+    EXPECT_EQ(a1111_sampler_name("ddim_trailing"), "ddim_trailing");  // A1111's DDIM is leading-spacing ddim
+    EXPECT_EQ(a1111_sampler_name("ddim"), "DDIM");
+    EXPECT_EQ(a1111_sampler_name("dpm++2m_sde_bt"), "DPM++ 2M SDE");
     EXPECT_EQ(sampler_from_a1111_name("DPM++ 2M Karras"), "dpm++2m");
-    EXPECT_EQ(sampler_from_a1111_name("DDIM"), "ddim_trailing");
+    EXPECT_EQ(sampler_from_a1111_name("DDIM"), "ddim");
+    EXPECT_EQ(sampler_from_a1111_name("DPM++ 2M SDE Karras"), "dpm++2m_sde_bt");
     EXPECT_FALSE(sampler_from_a1111_name("no such sampler").has_value());
 }
 
