@@ -10,6 +10,11 @@ Vocabulary (see the model card, models/demo/README.md):
   background any colour above, different from the object's colour
 Parts of the caption are dropped at random (size, position, background: 15 % each) so shorter prompts
 work; held-out (colour, shape) pairs never appear in training (new combinations for the model card).
+With `phrasings` > 0 (run 11 on) that share of the captions takes one of the other phrasings of PHRASINGS
+instead (word orders and joining words; never dropped parts); HELDOUT_PHRASINGS are never used in training
+and test whether the model reads the words rather than one word order. With `hard_pairs` > 0 that share of
+the samples takes a background among the 3 palette colours nearest the object's (the pairs the model has to
+tell apart, e.g. red / orange / brown, orange / yellow, pink / white).
 Images: float [B, 3, S, S] in [-1, 1] (NCHW), anti-aliased edges (about one pixel).
 """
 
@@ -39,6 +44,35 @@ HELDOUT = {("green", "star"), ("purple", "triangle"), ("yellow", "ring"), ("red"
            ("orange", "circle")}
 
 
+# Other phrasings of the same caption (run 11 on): {pos} is the position phrase ("on the left", ...)
+PHRASINGS = [
+    "a {size} {colour} {shape} {pos} on a {bg} background",
+    "{bg} background, a {size} {colour} {shape} {pos}",
+    "{pos}, a {size} {colour} {shape}, {bg} background",
+    "a {colour} {shape}, {size}, {pos}, {bg} background",
+]
+# Phrasings never shown in training (the scorer's held-out phrasings): new combinations of the trained
+# pieces, and one with a joining word ("with") that no training caption has
+HELDOUT_PHRASINGS = [
+    "{pos}, a {size} {colour} {shape} on a {bg} background",
+    "on a {bg} background, a {size} {colour} {shape} {pos}",
+    "a {size} {colour} {shape} {pos} with a {bg} background",
+]
+
+
+def _rgb_dist(a, b):
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(COLOURS[a], COLOURS[b])))
+
+
+# the 3 palette colours nearest each colour (RGB distance): the hard (object, background) pairs
+NEAREST = {c: sorted((o for o in COLOURS if o != c), key=lambda o: _rgb_dist(c, o))[:3] for c in COLOURS}
+
+
+def phrase(template, size, colour, shape, pos, bg):
+    """One of PHRASINGS / HELDOUT_PHRASINGS filled in (the full caption: no part dropped)."""
+    return template.format(size=size, colour=colour, shape=shape, pos=POSITION_PHRASES[pos], bg=bg)
+
+
 def caption(size, colour, shape, pos, bg, drop_size=False, drop_pos=False, drop_bg=False, center_spelling=False):
     """Caption template: "a {size} {colour} {shape} {position phrase}, {bg} background" with optional parts."""
     words = ["a"] + ([] if drop_size else [size]) + [colour, shape]
@@ -53,26 +87,36 @@ def caption(size, colour, shape, pos, bg, drop_size=False, drop_pos=False, drop_
     return text
 
 
-def sample_attributes(n, gen, allow_heldout=False):
-    """Random attribute indices (CPU generator gen) -> list of dicts and caption strings."""
+def sample_attributes(n, gen, allow_heldout=False, phrasings=0.0, hard_pairs=0.0):
+    """Random attribute indices (CPU generator gen) -> list of dicts and caption strings. phrasings /
+    hard_pairs: shares of other phrasings and of hard colour pairs (module docstring); with both 0 the draws
+    are exactly those of runs 1-10."""
     r = lambda k: torch.randint(0, k, (n,), generator=gen).tolist()  # noqa: E731
     sh, co, po, si, bg = r(len(SHAPES)), r(len(COLOURS)), r(len(POSITIONS)), r(len(SIZES)), r(len(COLOURS) - 1)
     drops = torch.rand((n, 4), generator=gen).tolist()
+    extra = torch.rand((n, 4), generator=gen).tolist() if (phrasings or hard_pairs) else None
     attrs, caps = [], []
     for i in range(n):
         shape, colour = SHAPES[sh[i]], COLOUR_NAMES[co[i]]
         if not allow_heldout and (colour, shape) in HELDOUT:
             shape = SHAPES[(sh[i] + 1) % len(SHAPES)]
-        b = bg[i] + (1 if bg[i] >= co[i] else 0)  # any colour except the object's
-        a = dict(shape=shape, colour=colour, pos=POSITIONS[po[i]], size=SIZES[si[i]], bg=COLOUR_NAMES[b])
+        b = COLOUR_NAMES[bg[i] + (1 if bg[i] >= co[i] else 0)]  # any colour except the object's
+        if extra and extra[i][0] < hard_pairs:
+            b = NEAREST[colour][int(extra[i][1] * 3) % 3]
+        a = dict(shape=shape, colour=colour, pos=POSITIONS[po[i]], size=SIZES[si[i]], bg=b)
         attrs.append(a)
-        caps.append(caption(a["size"], colour, shape, a["pos"], a["bg"], drops[i][0] < 0.15, drops[i][1] < 0.15,
-                            drops[i][2] < 0.15, drops[i][3] < 0.5))
+        if extra and extra[i][2] < phrasings:
+            t = PHRASINGS[int(extra[i][3] * len(PHRASINGS)) % len(PHRASINGS)]
+            caps.append(phrase(t, a["size"], colour, shape, a["pos"], b))
+        else:
+            caps.append(caption(a["size"], colour, shape, a["pos"], b, drops[i][0] < 0.15, drops[i][1] < 0.15,
+                                drops[i][2] < 0.15, drops[i][3] < 0.5))
     return attrs, caps
 
 
-def render(attrs, size, device, gen):
-    """Draw the shapes: attrs (list of dicts) -> float [B, 3, size, size] in [-1, 1].
+def render(attrs, size, device, gen, return_alpha=False):
+    """Draw the shapes: attrs (list of dicts) -> float [B, 3, size, size] in [-1, 1] (and, with return_alpha,
+    the object's coverage [B, 1, size, size] in [0, 1]).
     gen (a torch.Generator on `device`) jitters position (+-0.04), radius (within the size range),
     rotation (star/triangle/square/cross: small, +-12 degrees) and colour (+-0.04 per channel)."""
     n = len(attrs)
@@ -126,10 +170,14 @@ def render(attrs, size, device, gen):
     aa = 1.0 / size
     alpha = (0.5 - sd / aa).clamp(0, 1)[:, None]
     img = alpha * fg[:, :, None, None] + (1 - alpha) * bgc[:, :, None, None]
-    return img * 2 - 1
+    return (img * 2 - 1, alpha) if return_alpha else img * 2 - 1
 
 
-def batch(n, size, device, cpu_gen, dev_gen, allow_heldout=False):
-    """One training batch: (images [n, 3, size, size] in [-1, 1], captions list[str], attrs)."""
-    attrs, caps = sample_attributes(n, cpu_gen, allow_heldout)
+def batch(n, size, device, cpu_gen, dev_gen, allow_heldout=False, phrasings=0.0, hard_pairs=0.0, return_alpha=False):
+    """One training batch: (images [n, 3, size, size] in [-1, 1], captions list[str], attrs), and the object
+    coverage [n, 1, size, size] last with return_alpha."""
+    attrs, caps = sample_attributes(n, cpu_gen, allow_heldout, phrasings, hard_pairs)
+    if return_alpha:
+        img, alpha = render(attrs, size, device, dev_gen, return_alpha=True)
+        return img, caps, attrs, alpha
     return render(attrs, size, device, dev_gen), caps, attrs
