@@ -184,7 +184,7 @@ Setup resolve(const GenerateParams& params) {
         log::info("no -m given: using the bundled demo model {}", p.model);
     }
     if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
-    if (!std::isfinite(p.eta) || p.eta < 0) fail(ErrorKind::InvalidInput, "--eta {} must be a finite number >= 0", p.eta);
+    if (!std::isfinite(p.eta) || p.eta < 0) fail(ErrorKind::InvalidInput, "--eta must be a finite number >= 0, got {}", p.eta);
     if (!std::isfinite(p.flow_shift)) fail(ErrorKind::InvalidInput, "--flow-shift must be a finite number");
     // image b uses seed + b: the last one must still be a valid (non-negative) int64 seed
     if (p.seed >= 0 && p.seed > std::numeric_limits<int64_t>::max() - (p.batch_count - 1))

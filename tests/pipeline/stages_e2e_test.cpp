@@ -167,7 +167,14 @@ TEST_P(KillResume, SigkillAfterStepKThenResumeIsBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(Samplers, KillResume,
                          ::testing::Values(ResumeCase{"euler", "discrete"}, ResumeCase{"euler_a", "discrete"},
                                            ResumeCase{"dpm++2m", "karras"}, ResumeCase{"heun", "discrete"},
-                                           ResumeCase{"dpm++2s_a", "discrete"}, ResumeCase{"dpm2", "karras"}),
+                                           ResumeCase{"dpm++2s_a", "discrete"}, ResumeCase{"dpm2", "karras"},
+                                           // issue 26: a case per kind of state (history buffers, the
+                                           // SDE's RNG, the Brownian tree's seed, two-buffer er_sde, CFG++)
+                                           ResumeCase{"uni_pc", "karras"}, ResumeCase{"lms", "discrete"},
+                                           ResumeCase{"ipndm_v", "exponential"}, ResumeCase{"deis", "discrete"},
+                                           ResumeCase{"dpm++2m_sde", "karras"}, ResumeCase{"dpm++2m_sde_bt", "karras"},
+                                           ResumeCase{"dpm++_sde", "ays"}, ResumeCase{"er_sde", "beta"},
+                                           ResumeCase{"euler_a_cfg_pp", "kl_optimal"}, ResumeCase{"res_multistep", "gits"}),
                          [](const auto& info) {
                              std::string n = info.param.sampler + "_" + info.param.scheduler;
                              for (auto& ch : n)
