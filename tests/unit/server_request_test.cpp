@@ -38,7 +38,7 @@ void expect_refused(F&& f, int status, const std::string& field) {
     } catch (const ApiError& e) {
         EXPECT_EQ(e.status(), status) << e.what();
         EXPECT_EQ(e.field(), field) << e.what();
-        if (!field.empty()) EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+        if (!field.empty()) { EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what(); }
     }
 }
 
