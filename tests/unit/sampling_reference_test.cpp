@@ -7,8 +7,9 @@
 //     evaluation k returns the network outputs the reference recorded at its evaluation k.
 // Noise: the reference's draws in order through Sampler::set_noise_source, each request's sigma pair
 // equal to the recorded one (also the zero-amplitude draws k-diffusion makes at eta 0: easel makes
-// the same calls), none left over. Latents are compared in easel's form (x = x0 + sigma*noise for eps/v models,
-// diffusers' VP samples divided by alpha); the error of step i is |x - x_ref| / max(1, S_i), S_i the
+// the same calls), none left over. Latents are compared in easel's form (x = x0 + sigma*noise for
+// eps/v models, diffusers' VP samples divided by alpha); the error of step i is
+// |x - x_ref| / max(1, S_i), S_i the
 // largest |x_ref| of the states the step combines (x_i, and for a method that carries k - 1 earlier
 // steps x_{i-k+1} .. x_{i-1}, history_window): easel keeps the latent in float32, and the rounding
 // of those states (at sigma 4096 on the demo model: 2.4e-4) is what it carries into the step.
@@ -231,9 +232,8 @@ Result run_case(const nlohmann::json& c) {
     // |x_ref| max of each state: states[0] = x_init, states[i + 1] = after step i
     std::vector<double> states(static_cast<size_t>(steps) + 1, 0.0);
     for (float v : x_init) states[0] = std::max(states[0], std::abs(double(v)));
-    for (int i = 0; i < steps; ++i)
-        for (size_t k = 0; k < n; ++k)
-            states[static_cast<size_t>(i) + 1] = std::max(states[static_cast<size_t>(i) + 1], std::abs(double(x_steps[static_cast<size_t>(i) * n + k])));
+    for (size_t i = 0; i < static_cast<size_t>(steps); ++i)
+        for (size_t k = 0; k < n; ++k) states[i + 1] = std::max(states[i + 1], std::abs(double(x_steps[i * n + k])));
     const int window = history_window(kind);
     for (int i = 0; i < steps; ++i) {
         s.step(d);
