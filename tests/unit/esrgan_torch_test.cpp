@@ -57,7 +57,8 @@ nlohmann::json cases() {
 TEST(EsrganTorch, EveryCaseMatchesPyTorch) {
     const vae::HostTensor in = read4(kDir / "input.safetensors", "input");
     int n = 0;
-    for (auto& [name, c] : cases().items()) {
+    const nlohmann::json all = cases();  // (items() of a temporary would dangle)
+    for (auto& [name, c] : all.items()) {
         SCOPED_TRACE(name);
         const vae::HostTensor want = read4(kDir / (name + "_out.safetensors"), "output");
         const vae::HostTensor got = run(kDir / (name + ".pth"), in);
