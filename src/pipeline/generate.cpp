@@ -11,6 +11,7 @@
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
+#include "pipeline/flag_checks.h"
 #include "pipeline/image_io.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
@@ -340,6 +341,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
     check_sampling(s, *fam);
+    warn_inapplicable_flags(p, *fam);  // --guidance, --prediction, --vae-tile-size XxY the model does not use
     return fam;
 }
 
@@ -388,6 +390,7 @@ void check_resume(const GenerateParams& p) {
     if (p.resume_step >= 0 && p.resume_step > p.steps)
         fail(ErrorKind::InvalidInput, "--resume-step {} is past --steps {}: pass a step from 0 to {}", p.resume_step, p.steps, p.steps);
     if (!p.resume && p.resume_step < 0) return;
+    if (!p.resume && p.resume_step == 0) return;  // step 0 is the initial latent: made again from the seed (and -i), no file needed
     if (find_checkpoint(platform::u8path(p.checkpoint_dir), 0, p.resume ? -1 : p.resume_step)) return;
     if (p.resume_step >= 0)
         fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, platform::path_utf8(checkpoint_path("", 0, p.resume_step)),
@@ -454,7 +457,7 @@ void upscale_and_save(ImageUpscaler& up, const GenerateParams& p, std::vector<Im
         images[i] = Image{};  // the decoded image is no longer needed
         std::vector<PngTextEntry> t = texts[i];
         t.push_back({"postprocessing", postprocessing_text(up, p.upscale_repeats)});
-        save_png(platform::u8path(paths[i]), out, t);
+        save_image(platform::u8path(paths[i]), out, t);
         log::info("{}", format_upscale_report(up, r));
         if (rep) {
             rep->upscale_s += r.seconds;
@@ -650,6 +653,10 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
         log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, platform::path_utf8(rp->path), rp->state.step, rp->state.timesteps.size());
         return std::move(rp->state);
     }
+    if (p.resume_step == 0) {  // the state before step 1: the initial latent, the same as a fresh start
+        log::info("image {}: --resume-step 0: starting from the initial latent (step 0)", b + 1);
+        return std::nullopt;
+    }
     auto path = find_checkpoint(platform::u8path(p.checkpoint_dir), b, p.resume_step);
     if (!path)
         fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
@@ -789,7 +796,7 @@ EncodeSizes encode_image_sizes(const GenerateParams& p) {
     return r;
 }
 
-std::string batch_output_path(const std::string& pattern, int index, int count) {
+std::string batch_output_path(const std::string& pattern, int index, int count, int begin) {
     // The placeholders are replaced here, never by printf: the pattern is user input, and a
     // %s or %n in it must not reach a format function.
     std::string out;
@@ -809,7 +816,7 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
         const bool zero = j < pattern.size() && pattern[j] == '0';
         while (j < pattern.size() && std::isdigit((unsigned char)pattern[j]) && width < 100) width = width * 10 + (pattern[j++] - '0');
         if (j < pattern.size() && pattern[j] == 'd') {  // %d, %Nd, %0Nd
-            std::string n = std::to_string(index + 1);
+            std::string n = std::to_string(begin >= 0 ? begin + index : index + 1);
             if ((int)n.size() < width) n.insert(0, (size_t)(width - (int)n.size()), zero ? '0' : ' ');
             out += n;
             placeholder = true;
@@ -819,10 +826,11 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
         }
     }
     if (placeholder) return out;
-    if (index == 0 || count <= 1) return pattern;
+    if (count <= 1 || (index == 0 && begin < 0)) return pattern;
     const fs::path p = platform::u8path(pattern);
+    const int number = begin >= 0 ? begin + index : index + 1;
     return platform::path_utf8(p.parent_path() /
-                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(index + 1) + platform::path_utf8(p.extension())));
+                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(number) + platform::path_utf8(p.extension())));
 }
 
 int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
@@ -961,7 +969,8 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
 
     // Output folders must exist before hours of work.
     warn_output_pattern(p.output);
-    for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
+    (void)output_format(platform::u8path(p.output));  // .webp: refused before anything runs
+    for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count, p.output_begin_idx), "-o");
     const auto checkpoint_lock = prepare_checkpoint_dir(p);
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
@@ -1132,12 +1141,12 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     for (int b = 0; b < (int)latents.size(); ++b) {  // fewer than -b when sampling was stopped
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
-        std::string path = batch_output_path(p.output, b, p.batch_count);
+        std::string path = batch_output_path(p.output, b, p.batch_count, p.output_begin_idx);
         if (upscaler) {
             decoded.push_back(std::move(out));
             all_texts.push_back(std::move(texts));
         } else {
-            save_png(platform::u8path(path), out, texts);
+            save_image(platform::u8path(path), out, texts);
         }
         rep.outputs.push_back(path);
     }
@@ -1265,6 +1274,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
     }
     case Stage::Decode: {
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
+        (void)output_format(platform::u8path(p.output));
         check_output_folder(p.output, "-o");
         auto upscaler = open_upscaler(p, s.threads);
         auto fam = open_model(s);
@@ -1294,7 +1304,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
             std::vector<Image> one{std::move(out)};
             upscale_and_save(*upscaler, p, one, {texts}, {p.output}, nullptr);
         } else {
-            save_png(platform::u8path(p.output), out, texts);
+            save_image(platform::u8path(p.output), out, texts);
         }
         written.push_back(p.output);
         break;
