@@ -44,7 +44,7 @@ run() {  # FAMILY OUT LOG ARGS...
 
 # the classification of every option (long name, or the short one when it has no long name)
 declare -A class=(
-  [--mode]="act upscale.sh"
+  [--mode]="act cli/upscale.sh -M upscale"
   [--model]="act here"
   [--diffusion-model]="act cli/user_dual_gtx1660.sh"
   [--vae]="act cli/user_vulkan_rx590.sh"
@@ -121,7 +121,7 @@ declare -A class=(
   [--stage]="act cli/stages_errors.sh"
   [--verbose]="act here"
   [--color]="act here"
-  [--rpc-servers]="act cli/placement.sh"
+  [--rpc-servers]="act cli/faults.sh --rpc-servers"
   [--help]="act here"
 )
 
@@ -152,14 +152,14 @@ for o in $opts; do
       run "$fam" "$tmp/w.png" "$tmp/w.log" "${args[@]}"
       rc=$?
       if [ "$kind" = warn ]; then
-        n=$(grep -cE "$regex" "$tmp/w.log")
-        if [ "$rc" -eq 0 ] && [ "$n" -eq 1 ] && [ -s "$tmp/w.png" ] && grep -E "$regex" "$tmp/w.log" | grep -q warning; then
-          ok "$o on $fam: one warning: $(grep -E "$regex" "$tmp/w.log" | cut -c1-140)"
+        n=$(grep -cE -e "$regex" "$tmp/w.log")
+        if [ "$rc" -eq 0 ] && [ "$n" -eq 1 ] && [ -s "$tmp/w.png" ] && grep -E -e "$regex" "$tmp/w.log" | grep -q "^warning: "; then
+          ok "$o on $fam: one warning: $(grep -E -e "$regex" "$tmp/w.log" | cut -c1-140)"
         else
           bad "$o on $fam: exit $rc, $n warning line(s) matching '$regex': $(grep -E 'warning|error' "$tmp/w.log" | head -3)"
         fi
       else
-        if [ "$rc" -eq 1 ] && [ "$(grep -c '^error:' "$tmp/w.log")" -eq 1 ] && grep -E "^error:.*$regex" -q "$tmp/w.log" && [ ! -e "$tmp/w.png" ]; then
+        if [ "$rc" -eq 1 ] && [ "$(grep -c '^error:' "$tmp/w.log")" -eq 1 ] && grep -qE -e "^error:.*$regex" "$tmp/w.log" && [ ! -e "$tmp/w.png" ]; then
           ok "$o on $fam: refused: $(grep '^error:' "$tmp/w.log" | cut -c1-140)"
         else
           bad "$o on $fam: exit $rc: $(grep -E 'error' "$tmp/w.log" | head -2)"

@@ -123,7 +123,7 @@ grep -qiE "tile|tiled" <(grep -iE "decode|vae" "$tmp/user.log") && ok "--vae-til
 grep -Eq "^te +CPU" "$tmp/user.log" && ok "--backend te=cpu: te row on CPU" || bad "--backend te=cpu: $(grep -E '^te' "$tmp/user.log" | head -1)"
 grep -Eq "^diffusion +RPC1" "$tmp/user.log" && ok "--backend diffusion=rpc1: diffusion row on RPC1" || bad "diffusion=rpc1: $(grep -E '^diffusion' "$tmp/user.log" | head -1)"
 grep -Eq "^vae +RPC1" "$tmp/user.log" && ok "--backend vae=rpc1: vae row on RPC1" || bad "vae=rpc1: $(grep -E '^vae' "$tmp/user.log" | head -1)"
-grep -qiE "params (on|in) CPU|weights in CPU|params CPU|CPU \(host|staged" "$tmp/user.log" && ok "--params-backend cpu: weights in host RAM in the plan" ||
+grep -q "parameters held in CPU" "$tmp/user.log" && ok "--params-backend cpu: weights in host RAM in the plan" ||
   bad "--params-backend cpu: not in the plan: $(grep -iE 'params' "$tmp/user.log" | head -2)"
 grep -q "mmap: easel memory-maps every model file" "$tmp/user.log" && ok "--mmap: -v says easel maps already" || bad "--mmap: no -v line"
 grep -q "LoRA 'NAME'.*weight 0: off" "$tmp/user.log" && ok "<lora:NAME:0> with --lora-model-dir: found, checked, off (TODO(lora): weight 1.0)" ||
