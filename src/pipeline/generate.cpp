@@ -196,7 +196,8 @@ Setup resolve(const GenerateParams& params) {
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);
     if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
     if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);
-    if (!p.mask.empty() && p.init_img.empty()) fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE)");
+    if (!p.mask.empty() && p.init_img.empty() && p.load_latent.empty())
+        fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE; denoise: --load-latent from encode-image)");
     if ((p.resume || p.resume_step >= 0) && p.checkpoint_dir.empty())
         fail(ErrorKind::InvalidInput, "--resume/--resume-step need --checkpoint-dir DIR (where the checkpoints are)");
     if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
@@ -1241,7 +1242,6 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.load_embeddings, "--load-embeddings FILE (from `easel encode-prompt`)");
         need(p.save_latent, "--save-latent OUT");
         if (!p.init_img.empty()) fail(ErrorKind::InvalidInput, "denoise takes --load-latent INIT (from `easel encode-image`), not -i IMAGE");
-        if (!p.mask.empty()) fail(ErrorKind::Unsupported, "denoise does not take --mask yet; run inpainting with `easel generate`");
         if (!p.ref_images.empty())
             fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
         check_output_folder(p.save_latent, "--save-latent");
@@ -1266,9 +1266,26 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         in.cond = &cond;
         if (init_lat && init_lat->posterior) in.init_posterior = &*init_lat->posterior;
         if (init_lat && !init_lat->posterior) in.init_latent = &init_lat->latent;
+        std::string init_hash = init_lat ? init_lat->hash : "";
+        std::vector<float> mask_lat;  // [h, w], 1 = repaint: prepared as generate prepares it
+        if (!p.mask.empty()) {
+            if (!init_lat || !init_lat->posterior)
+                fail(ErrorKind::InvalidInput, "denoise --mask {} needs --load-latent INIT from `easel encode-image -i IMAGE` (the image the mask repaints)",
+                     p.mask);
+            const Image m = load_image(platform::u8path(p.mask), 1);
+            if (m.width < W || m.height < H)
+                fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init latent is {}x{} pixels: pass the mask of the image given to encode-image",
+                     p.mask, m.width, m.height, W, H);
+            std::vector<float> mfull((size_t)W * H);  // cropped top-left to W x H, binarised at 0.5 (generate's rule)
+            for (int y = 0; y < H; ++y)
+                for (int x = 0; x < W; ++x) mfull[(size_t)y * W + x] = (1.0f / 255.0f) * m.pixels[(size_t)y * m.width + x] >= 0.5f ? 1.0f : 0.0f;
+            mask_lat = resize_nearest(mfull, H, W, H / f, W / f);
+            in.mask = &mask_lat;
+            init_hash = "xxh3-128:" + hash_parts({init_hash, xxh3_hex(std::span<const uint8_t>((const uint8_t*)mask_lat.data(), mask_lat.size() * 4))});
+        }
         Setup s2 = s;
         if (s2.p.save_latent.empty()) s2.p.save_latent = p.save_latent;
-        denoise_batch(*fam, s2, cond, in, init_lat ? init_lat->hash : "", W, H, progress, nullptr, nullptr);
+        denoise_batch(*fam, s2, cond, in, init_hash, W, H, progress, nullptr, nullptr);
         for (int b = 0; b < p.batch_count; ++b) written.push_back(batch_output_path(p.save_latent, b, p.batch_count));
         break;
     }

@@ -241,5 +241,10 @@ err=$("$easel" generate --rpc-servers 127.0.0.1:1,127.0.0.1:1 $(model_of sd) -p 
 run sd "$tmp/p.png" "$tmp/p.log" --backend "controlnet=cpu,upscaler=cpu" && [ "$(grep -c 'places nothing' "$tmp/p.log")" -eq 2 ] &&
   ok "controlnet=/upscaler= entries: one warning each" || bad "controlnet=/upscaler=: $(grep -E 'places nothing|error' "$tmp/p.log")"
 
+# --resume-step 0: the state before step 1 is the initial latent: the same PNG as a fresh run, no checkpoint file needed
+run sd "$tmp/s0.png" "$tmp/s0.log" --steps 2 --checkpoint-dir "$tmp/ck0" --resume-step 0 && run sd "$tmp/s1.png" "$tmp/s1.log" --steps 2 &&
+  cmp -s "$tmp/s0.png" "$tmp/s1.png" && ok "--resume-step 0: the fresh run's PNG" ||
+  bad "--resume-step 0: $(grep -m1 error "$tmp/s0.log") (or the PNG differs from a fresh run)"
+
 [ "$fails" -eq 0 ] && echo "all flag honesty checks passed" || echo "$fails flag honesty checks failed"
 [ "$fails" -eq 0 ]
