@@ -1242,11 +1242,13 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.load_embeddings, "--load-embeddings FILE (from `easel encode-prompt`)");
         need(p.save_latent, "--save-latent OUT");
         if (!p.init_img.empty()) fail(ErrorKind::InvalidInput, "denoise takes --load-latent INIT (from `easel encode-image`), not -i IMAGE");
-        if (!p.ref_images.empty())
-            fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
+        std::vector<Image> refs;  // -r: reference images of edit models, encoded by the family in this stage (as generate does)
+        for (const auto& r : p.ref_images) refs.push_back(load_image(platform::u8path(r), 3));
+        for (const Image& r : refs) s.reference_sizes.push_back({r.height, r.width});
         check_output_folder(p.save_latent, "--save-latent");
         const auto checkpoint_lock = prepare_checkpoint_dir(p);
         auto fam = open_model(s);
+        for (const Image& r : refs) fam->check_reference_image(r.width, r.height);
         check_resume(p);
         std::optional<LoadedLatent> init_lat;
         if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
@@ -1282,6 +1284,19 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
             mask_lat = resize_nearest(mfull, H, W, H / f, W / f);
             in.mask = &mask_lat;
             init_hash = "xxh3-128:" + hash_parts({init_hash, xxh3_hex(std::span<const uint8_t>((const uint8_t*)mask_lat.data(), mask_lat.size() * 4))});
+        }
+        if (!refs.empty()) {
+            std::vector<vae::HostTensor> rt;
+            std::vector<std::string> parts{init_hash};
+            for (const Image& r : refs) {
+                vae::HostTensor t(1, 3, r.height, r.width);
+                t.data = image_to_planar(r, -1.0f, 1.0f);
+                rt.push_back(std::move(t));
+                parts.push_back(xxh3_hex(r.pixels));
+            }
+            fam->set_reference_images(rt);
+            release(*fam, s, Module::VaeEncoder);
+            init_hash = "xxh3-128:" + hash_parts(parts);
         }
         Setup s2 = s;
         if (s2.p.save_latent.empty()) s2.p.save_latent = p.save_latent;

@@ -2,7 +2,8 @@
 # Staged in-painting (issue 20, the Vulkan user's section-5 sequence): encode-prompt, encode-image
 # -i IMAGE, denoise --load-latent INIT --mask MASK, decode give the same final latent (bit for bit)
 # and the same pixels as one `generate -i IMAGE --mask MASK`; on SD (sd_tiny) and FLUX.2 Klein
-# (klein_tiny). denoise --mask without an encode-image latent is refused.
+# (klein_tiny); Klein's edit mode staged (denoise -r) likewise. denoise --mask without an
+# encode-image latent is refused.
 # Usage: stages_inpaint.sh EASEL_BINARY TEST_DATA_DIR
 set -u
 easel="$1"
@@ -58,6 +59,24 @@ staged_equals_generate() {  # NAME MODEL-FLAGS...
 
 staged_equals_generate "SD (sd_tiny)" -m "$data/reference/sd_tiny/sd_tiny.safetensors"
 staged_equals_generate "FLUX.2 Klein (klein_tiny)" -m "$data/reference/klein_tiny/diffusers"
+
+# FLUX.2 Klein edit mode staged: denoise -r REF (the family encodes the reference in the stage) gives
+# generate -r REF's latent bit for bit
+k=(-m "$data/reference/klein_tiny/diffusers" -t 1 --no-cache -s 9 --steps 2 -W 64 -H 64)
+ref0="$data/reference/klein_tiny/ref0.png"
+if "$easel" generate "${k[@]}" -p "the cat" -r "$ref0" -o "$tmp/e.png" --save-latent "$tmp/e.latent" >"$tmp/e.log" 2>&1 &&
+  "$easel" encode-prompt "${k[@]}" -p "the cat" --save-embeddings "$tmp/ec" >"$tmp/es.log" 2>&1 &&
+  "$easel" denoise "${k[@]}" --load-embeddings "$tmp/ec" -r "$ref0" --save-latent "$tmp/ed.latent" >>"$tmp/es.log" 2>&1; then
+  if [ "$(tensors_sha "$tmp/e.latent")" = "$(tensors_sha "$tmp/ed.latent")" ]; then
+    echo "ok   FLUX.2 Klein denoise -r: generate -r's latent bit for bit"
+  else
+    echo "FAIL FLUX.2 Klein denoise -r: the latent differs from generate -r's"
+    fails=$((fails + 1))
+  fi
+else
+  echo "FAIL FLUX.2 Klein -r staged: $(grep -hm1 error "$tmp/e.log" "$tmp/es.log")"
+  fails=$((fails + 1))
+fi
 
 # denoise --mask without an encode-image latent: refused
 "$easel" encode-prompt -m "$data/reference/sd_tiny/sd_tiny.safetensors" -t 1 -p x --save-embeddings "$tmp/c2" >/dev/null 2>&1
