@@ -97,7 +97,7 @@ for c in range(C):
 print(left, right)
 PY
   )
-  if awk -v l="$left" -v r="$right" 'BEGIN { exit !(l > 1e-3 && r == 0) }'; then
+  if awk -v l="$left" -v r="$right" 'BEGIN { exit !(l > 0 && r == 0) }'; then
     ok "--mask: the repainted half follows the prompt (max latent difference $left), the kept half does not ($right)"
   else
     bad "--mask: max latent difference between two prompts: repainted half $left, kept half $right (expected > 0 and 0)"
@@ -118,6 +118,8 @@ grep -Eq "^vae +RPC1" "$tmp/user.log" && ok "--backend vae=rpc1: vae row on RPC1
 grep -q "parameters held in CPU" "$tmp/user.log" && ok "--params-backend cpu: weights in host RAM in the plan" ||
   bad "--params-backend cpu: not in the plan: $(grep -iE 'params' "$tmp/user.log" | head -2)"
 grep -q "mmap: easel memory-maps every model file" "$tmp/user.log" && ok "--mmap: -v says easel maps already" || bad "--mmap: no -v line"
+grep -Eq "^diffusion +RPC1 .* 6144\.0 " "$tmp/user.log" && ok "--max-vram 6: the plan's budget on RPC1 is 6144 MiB" ||
+  bad "--max-vram 6: $(grep -E '^diffusion' "$tmp/user.log" | head -1)"
 grep -q "LoRA 'NAME'.*weight 0: off" "$tmp/user.log" && ok "<lora:NAME:0> with --lora-model-dir: found, checked, off (TODO(lora): weight 1.0)" ||
   bad "LoRA tag: $(grep -i lora "$tmp/user.log" | head -2)"
 echo "TODO(lora): the user's <lora:NAME:1.0> is replayed at weight 0 until this build applies LoRAs"
