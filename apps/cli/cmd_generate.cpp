@@ -46,9 +46,13 @@ EASEL_COMMAND(
                     if (sub.count(f) > 0) log::warn("-M upscale: {} is not used (upscale mode runs only the upscaler on -i)", f);
                 return cli::run_upscale_mode(*p);
             }
-            // flags left out take the model family's defaults (steps, CFG scale)
-            p->steps_given = sub.count("--steps") > 0;
-            p->cfg_scale_given = sub.count("--cfg-scale") > 0;
+            // `easel generate` alone: refused rather than a 512x512 job on an empty prompt that
+            // overwrites output.png (sd-cli likewise stops without a model)
+            if (sub.count_all() == sub.count("--verbose") + sub.count("--color") + sub.count("--rpc-servers"))
+                fail(ErrorKind::InvalidInput, "easel generate: nothing to do: pass -p PROMPT (and -m MODEL; without it the bundled demo model "
+                                              "draws), see `easel generate --help`");
+            // flags left out take the model family's defaults (steps, CFG scale); prompt files; notes
+            cli::resolve_generate_options(sub, *p);
             const bool tty = platform::is_terminal(stderr);
             auto t_last = std::chrono::steady_clock::now();
             double sum = 0;

@@ -39,8 +39,9 @@ EASEL_COMMAND(
                    "  easel plan -m sd15.safetensors -W 1024 -H 1024 --backend cuda0 --params-backend diffusion=cpu --stream-layers --max-vram cuda0=2\n"
                    "  easel plan --rpc-servers 127.0.0.1:50052,127.0.0.1:50053 --backend \"diffusion=RPC0&RPC1\"\n"
                    "  easel plan -m flux1-dev.safetensors -W 1024 -H 1024 --auto-fit --max-vram 8");
-        return [p, common]() -> int {
+        return [p, common, &sub]() -> int {
             cli::apply_common_options(*common);
+            cli::resolve_generate_options(sub, *p);
             // the upscaler (--upscale-model): its own stage after decode, planned for one tile
             auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
                 if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;

@@ -94,8 +94,7 @@ EASEL_COMMAND(
         return [p, common, s, &sub]() -> int {
             cli::apply_common_options(*common);
             refuse_job_file_flags(sub);
-            p->steps_given = sub.count("--steps") > 0;
-            p->cfg_scale_given = sub.count("--cfg-scale") > 0;
+            cli::resolve_generate_options(sub, *p);  // which of --steps / --cfg-scale were given; prompt files; notes
             if (const CLI::Option* o = sub.get_option_no_throw("--lora-model-dir"); o && s->lora_dir.empty() && o->count() > 0)
                 s->lora_dir = o->as<std::string>();
             if (!s->lora_dir.empty() && !std::filesystem::is_directory(s->lora_dir))

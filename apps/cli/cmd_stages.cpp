@@ -23,8 +23,9 @@ std::function<std::function<int()>(CLI::App&)> stage_command(pipeline::Stage sta
         cli::add_stage_options(sub, *p);
         cli::add_common_options(sub, *common);
         sub.footer(footer);
-        return [p, common, stage]() -> int {
+        return [p, common, stage, &sub]() -> int {
             cli::apply_common_options(*common);
+            cli::resolve_generate_options(sub, *p);  // the family's steps / CFG scale when not given, as generate
             auto progress = [](int image, int step, int steps, double dt) {
                 log::info("image {} step {}/{}: {:.3f} s", image + 1, step, steps, dt);
             };

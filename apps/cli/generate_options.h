@@ -6,9 +6,15 @@
 #include "command.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "placement_options.h"
 
 #include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 namespace easel::cli {
 
@@ -71,12 +77,15 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--clip_l,--clip-l", p.clip_l, "Standalone CLIP-L text encoder")->group(g);
     app.add_option("--clip_g,--clip-g", p.clip_g, "Standalone CLIP-G text encoder")->group(g);
     app.add_option("--t5xxl", p.t5xxl, "Standalone T5-XXL text encoder")->group(g);
-    app.add_option("--llm", p.llm, "Standalone LLM text encoder (Qwen3, ...)")->group(g);
+    app.add_option("--llm,--qwen2vl", p.llm, "Standalone LLM text encoder (Qwen3, ...); --qwen2vl is sd-cli's old name")->group(g);
     app.add_option("--type", p.weight_type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K..q6_K (default: the file's)")->group(g);
 
     g = "Prompt";
     app.add_option("-p,--prompt", p.prompt, "The prompt (A1111 syntax: (word:1.2), [word], BREAK, <lora:name:w>)")->group(g);
     app.add_option("-n,--negative-prompt", p.negative_prompt, "The negative prompt")->group(g);
+    app.add_option("--prompt-file", p.prompt_file, "Read the prompt from this UTF-8 text file (instead of -p; one trailing newline is dropped)")
+        ->group(g);
+    app.add_option("--negative-prompt-file", p.negative_prompt_file, "Read the negative prompt from this file (instead of -n)")->group(g);
     app.add_option("--clip-skip", p.clip_skip, "Ignore the last CLIP layers: 1 none, 2 one (default: 1 for SD1.x, 2 for SD2.x)")->group(g);
 
     g = "LoRA and embeddings";
@@ -93,7 +102,9 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
 
     g = "Sampling";
     app.add_option("--cfg-scale", p.cfg_scale, "Classifier-free guidance scale (default 7.0; 1 disables the negative pass)")->group(g);
-    app.add_option("--guidance", p.guidance, "Distilled guidance for models with a guidance input (default 3.5)")->group(g);
+    app.add_option("--guidance", p.guidance, "Distilled guidance for models with a guidance input (FLUX.1 dev; default 3.5; others warn)")
+        ->each([&p](const std::string&) { p.guidance_given = true; })
+        ->group(g);
     app.add_option("--steps", p.steps, "Sampling steps (default 20)")->check(CLI::Range(1, 10000))->group(g);
     app.add_option("--sampling-method", p.sampling_method,
                    "euler, euler_a, heun, dpm2, dpm2_a, dpm++2s_a, dpm++2s, dpm++_sde, dpm++2m, dpm++2mv2, dpm++2m_sde, "
@@ -133,7 +144,14 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
         ->check(max_side_check())
         ->group(g);
     app.add_option("-b,--batch-count", p.batch_count, "Number of images (seeds seed, seed+1, ...)")->check(CLI::Range(1, 10000))->group(g);
-    app.add_option("-o,--output", p.output, "Output PNG (default output.png; printf-style %d for batches)")->group(g);
+    app.add_option("-o,--output", p.output,
+                   "Output image: .png (with the parameters in its text chunks), .jpg/.jpeg (quality 90, parameters in a comment) "
+                   "(default output.png; printf-style %d for batches)")
+        ->group(g);
+    app.add_option("--output-begin-idx", p.output_begin_idx,
+                   "Number of the first image in -o's %d or in the NAME_N suffix of a batch (default: %d counts from 1, the first image has no suffix)")
+        ->check(CLI::NonNegativeNumber)
+        ->group(g);
     app.add_option("-i,--init-img", p.init_img, "Init image for img2img")->group(g);
     app.add_option("--mask", p.mask, "Inpainting mask (white = repaint), same size as the init image")->group(g);
     app.add_option("--strength", p.strength, "img2img strength, 0..1 (default 0.75)")->check(CLI::Range(0.0, 1.0))->group(g);
@@ -146,14 +164,68 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_flag("--vae-tiling", p.vae_tiling, "Decode/encode in overlapping tiles to save memory")->group(g);
     app.add_option("--vae-tile-size", p.vae_tile_size, "Tile size in latent cells, [X]x[Y] (default 32x32)")->group(g);
     app.add_option("--vae-tile-overlap", p.vae_tile_overlap, "Tile overlap as a fraction of the tile (default 0.5)")->group(g);
+    app.add_option("--vae-relative-tile-size", p.vae_relative_tile_size,
+                   "sd-cli's tile size relative to the latent: not in this build yet (refused; give --vae-tile-size in latent cells)")
+        ->group(g);
+    app.add_flag("--vae-conv-direct", p.vae_conv_direct, "sd-cli's ggml_conv_2d_direct in the VAE: accepted; this build runs every convolution through im2col (warned)")
+        ->group(g);
 
     add_upscale_options(app, p);
 
     g = "Execution";
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);
     app.add_flag("--diffusion-fa", p.diffusion_fa, "Flash attention in the diffusion model only")->group(g);
+    app.add_flag("--diffusion-conv-direct", p.diffusion_conv_direct,
+                 "sd-cli's ggml_conv_2d_direct in the diffusion model: accepted; this build runs every convolution through im2col (warned)")
+        ->group(g);
+    app.add_flag("--mmap", p.mmap, "Memory-map the model files (sd-cli): easel always does (read-only mappings); -v says so")->group(g);
     app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores; at most 512)")->check(max_threads_check())->group(g);
     add_placement_options(app, p.placement);
+}
+
+/// Reads a prompt file (--prompt-file, --negative-prompt-file): its whole text, one trailing
+/// newline ("\n" or "\r\n") dropped. Throws Error(Io) naming `flag` and the file when it cannot be read.
+inline std::string read_prompt_file(const std::string& path, const char* flag) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(platform::u8path(path), ec))
+        fail(ErrorKind::Io, "{} {}: no such file (or not a regular file); pass a text file holding the prompt", flag, path);
+    std::ifstream in(platform::u8path(path), std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) fail(ErrorKind::Io, "{} {}: cannot read it", flag, path);
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    return text;
+}
+
+/// Settles the options of add_generate_options() that need the parsed command line as a whole,
+/// before anything runs: which flags were given (--steps, --cfg-scale: otherwise the family's
+/// defaults), --prompt-file / --negative-prompt-file (each excludes its -p / -n), and the notes
+/// of the accepted flags that change nothing in this build: --mmap (a debug line: easel maps
+/// model files already) and --vae-conv-direct / --diffusion-conv-direct (one warning). Throws
+/// Error(InvalidInput) for -p with --prompt-file, Error(Io) for a prompt file that cannot be read.
+inline void resolve_generate_options(const CLI::App& app, pipeline::GenerateParams& p) {
+    p.steps_given = app.count("--steps") > 0;
+    p.cfg_scale_given = app.count("--cfg-scale") > 0;
+    if (!p.prompt_file.empty()) {
+        if (app.count("--prompt") > 0) fail(ErrorKind::InvalidInput, "give either -p/--prompt or --prompt-file, not both");
+        p.prompt = read_prompt_file(p.prompt_file, "--prompt-file");
+    }
+    if (!p.negative_prompt_file.empty()) {
+        if (app.count("--negative-prompt") > 0)
+            fail(ErrorKind::InvalidInput, "give either -n/--negative-prompt or --negative-prompt-file, not both");
+        p.negative_prompt = read_prompt_file(p.negative_prompt_file, "--negative-prompt-file");
+    }
+    if (!p.vae_relative_tile_size.empty())
+        fail(ErrorKind::Unsupported, "--vae-relative-tile-size {}: not in this build yet; give the tile in latent cells with --vae-tile-size "
+             "NxN (8 px per cell; FLUX.2 Klein 16)", p.vae_relative_tile_size);
+    if (p.mmap) log::debug("--mmap: easel memory-maps every model file read-only already (the default; nothing to change)");
+    if (p.vae_conv_direct || p.diffusion_conv_direct)
+        log::warn("{}: not applied: every convolution of this build runs through im2col and one matrix product (the path that its "
+                  "quantised kernels, its LoRA hook and its measured memory plans are built on); ggml_conv_2d_direct is not wired in "
+                  "yet, so the images are those of a run without the flag",
+                  p.vae_conv_direct && p.diffusion_conv_direct ? "--vae-conv-direct and --diffusion-conv-direct"
+                  : p.vae_conv_direct                          ? "--vae-conv-direct"
+                                                               : "--diffusion-conv-direct");
 }
 
 /// Adds the stage file flags (docs/artifacts.md), shared by `generate` and the stage commands:

@@ -133,6 +133,9 @@ public:
     /// The noise process (discrete eps/v, or flow with its shift).
     virtual const sampling::ModelSampling& model_sampling() const = 0;
     virtual SamplingDefaults defaults() const = 0;
+    /// True when the diffusion model takes --guidance (a distilled-guidance input: FLUX.1 dev);
+    /// generate warns once when --guidance is given to a family without one.
+    virtual bool uses_guidance() const { return false; }
     /// Options for sampling::make_schedule that reproduce the family's reference pipeline
     /// (Z-Image: flow_pipeline_sigmas, since ZImagePipeline passes sigmas linspace(1, 1/n, n)
     /// to FlowMatchEulerDiscreteScheduler instead of letting it space timesteps itself).

@@ -5,8 +5,18 @@
 #include "models/model_files.h"
 #include "models/vae/placed_taesd.h"
 #include "placement/devices.h"
+#include "core/platform.h"
+
+#include <filesystem>
 
 namespace easel::models {
+
+void note_unused_model_file(const char* flag, const std::string& path, const std::string& family, const char* why) {
+    if (path.empty()) return;
+    std::error_code ec;
+    if (!std::filesystem::exists(platform::u8path(path), ec)) fail(ErrorKind::Io, "{} {}: no such file or folder", flag, path);
+    log::warn("{} {}: {} {}; the file is not read", flag, path, family, why);
+}
 
 /// The KL decoder or a TAESD decoder on FamilyOptions::vae_device.
 struct FamilyBase::DecoderWhole {

@@ -29,6 +29,11 @@
 
 namespace easel::models {
 
+/// A model-file flag (--clip_l, --clip_g, --t5xxl ...) that `family` has no module for: one
+/// warning "FLAG PATH: FAMILY WHY; the file is not read". Nothing when `path` is empty. Throws
+/// Error(Io) when `path` names nothing (a typo must not pass as "unused").
+void note_unused_model_file(const char* flag, const std::string& path, const std::string& family, const char* why);
+
 /// The Family interface over a ModuleSet; see the file comment.
 class FamilyBase : public Family {
 public:

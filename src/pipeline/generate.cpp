@@ -11,6 +11,7 @@
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
+#include "pipeline/flag_checks.h"
 #include "pipeline/image_io.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
@@ -195,7 +196,8 @@ Setup resolve(const GenerateParams& params) {
     if (p.steps < 1) fail(ErrorKind::InvalidInput, "--steps {} must be at least 1", p.steps);
     if (p.batch_count < 1) fail(ErrorKind::InvalidInput, "--batch-count {} must be at least 1", p.batch_count);
     if (p.strength < 0 || p.strength > 1) fail(ErrorKind::InvalidInput, "--strength {} must be between 0 and 1", p.strength);
-    if (!p.mask.empty() && p.init_img.empty()) fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE)");
+    if (!p.mask.empty() && p.init_img.empty() && p.load_latent.empty())
+        fail(ErrorKind::InvalidInput, "--mask needs an init image (-i IMAGE; denoise: --load-latent from encode-image)");
     if ((p.resume || p.resume_step >= 0) && p.checkpoint_dir.empty())
         fail(ErrorKind::InvalidInput, "--resume/--resume-step need --checkpoint-dir DIR (where the checkpoints are)");
     if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
@@ -343,6 +345,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     auto fam = models::open_family(files, fo);
     apply_family_defaults(s, *fam);
     check_sampling(s, *fam);
+    warn_inapplicable_flags(p, *fam);  // --guidance, --prediction, --vae-tile-size XxY the model does not use
     return fam;
 }
 
@@ -391,6 +394,7 @@ void check_resume(const GenerateParams& p) {
     if (p.resume_step >= 0 && p.resume_step > p.steps)
         fail(ErrorKind::InvalidInput, "--resume-step {} is past --steps {}: pass a step from 0 to {}", p.resume_step, p.steps, p.steps);
     if (!p.resume && p.resume_step < 0) return;
+    if (!p.resume && p.resume_step == 0) return;  // step 0 is the initial latent: made again from the seed (and -i), no file needed
     if (find_checkpoint(platform::u8path(p.checkpoint_dir), 0, p.resume ? -1 : p.resume_step)) return;
     if (p.resume_step >= 0)
         fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step, platform::path_utf8(checkpoint_path("", 0, p.resume_step)),
@@ -457,7 +461,7 @@ void upscale_and_save(ImageUpscaler& up, const GenerateParams& p, std::vector<Im
         images[i] = Image{};  // the decoded image is no longer needed
         std::vector<PngTextEntry> t = texts[i];
         t.push_back({"postprocessing", postprocessing_text(up, p.upscale_repeats)});
-        save_png(platform::u8path(paths[i]), out, t);
+        save_image(platform::u8path(paths[i]), out, t);
         log::info("{}", format_upscale_report(up, r));
         if (rep) {
             rep->upscale_s += r.seconds;
@@ -653,6 +657,10 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
         log::info("image {}: resuming from {} ({} of {} steps done)", b + 1, platform::path_utf8(rp->path), rp->state.step, rp->state.timesteps.size());
         return std::move(rp->state);
     }
+    if (p.resume_step == 0) {  // the state before step 1: the initial latent, the same as a fresh start
+        log::info("image {}: --resume-step 0: starting from the initial latent (step 0)", b + 1);
+        return std::nullopt;
+    }
     auto path = find_checkpoint(platform::u8path(p.checkpoint_dir), b, p.resume_step);
     if (!path)
         fail(ErrorKind::InvalidInput, "--resume-step {}: no checkpoint {} in {}", p.resume_step,
@@ -792,7 +800,7 @@ EncodeSizes encode_image_sizes(const GenerateParams& p) {
     return r;
 }
 
-std::string batch_output_path(const std::string& pattern, int index, int count) {
+std::string batch_output_path(const std::string& pattern, int index, int count, int begin) {
     // The placeholders are replaced here, never by printf: the pattern is user input, and a
     // %s or %n in it must not reach a format function.
     std::string out;
@@ -812,7 +820,7 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
         const bool zero = j < pattern.size() && pattern[j] == '0';
         while (j < pattern.size() && std::isdigit((unsigned char)pattern[j]) && width < 100) width = width * 10 + (pattern[j++] - '0');
         if (j < pattern.size() && pattern[j] == 'd') {  // %d, %Nd, %0Nd
-            std::string n = std::to_string(index + 1);
+            std::string n = std::to_string(begin >= 0 ? begin + index : index + 1);
             if ((int)n.size() < width) n.insert(0, (size_t)(width - (int)n.size()), zero ? '0' : ' ');
             out += n;
             placeholder = true;
@@ -822,10 +830,11 @@ std::string batch_output_path(const std::string& pattern, int index, int count) 
         }
     }
     if (placeholder) return out;
-    if (index == 0 || count <= 1) return pattern;
+    if (count <= 1 || (index == 0 && begin < 0)) return pattern;
     const fs::path p = platform::u8path(pattern);
+    const int number = begin >= 0 ? begin + index : index + 1;
     return platform::path_utf8(p.parent_path() /
-                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(index + 1) + platform::path_utf8(p.extension())));
+                               platform::u8path(platform::path_utf8(p.stem()) + "_" + std::to_string(number) + platform::path_utf8(p.extension())));
 }
 
 int planned_vae_tile(const GenerateParams& p) { return p.vae_tiling ? vae_tile_cells(p) : 0; }
@@ -964,7 +973,8 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
 
     // Output folders must exist before hours of work.
     warn_output_pattern(p.output);
-    for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count), "-o");
+    (void)output_format(platform::u8path(p.output));  // .webp: refused before anything runs
+    for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count, p.output_begin_idx), "-o");
     const auto checkpoint_lock = prepare_checkpoint_dir(p);
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
@@ -1135,12 +1145,12 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     for (int b = 0; b < (int)latents.size(); ++b) {  // fewer than -b when sampling was stopped
         Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
-        std::string path = batch_output_path(p.output, b, p.batch_count);
+        std::string path = batch_output_path(p.output, b, p.batch_count, p.output_begin_idx);
         if (upscaler) {
             decoded.push_back(std::move(out));
             all_texts.push_back(std::move(texts));
         } else {
-            save_png(platform::u8path(path), out, texts);
+            save_image(platform::u8path(path), out, texts);
         }
         rep.outputs.push_back(path);
     }
@@ -1235,12 +1245,13 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         need(p.load_embeddings, "--load-embeddings FILE (from `easel encode-prompt`)");
         need(p.save_latent, "--save-latent OUT");
         if (!p.init_img.empty()) fail(ErrorKind::InvalidInput, "denoise takes --load-latent INIT (from `easel encode-image`), not -i IMAGE");
-        if (!p.mask.empty()) fail(ErrorKind::Unsupported, "denoise does not take --mask yet; run inpainting with `easel generate`");
-        if (!p.ref_images.empty())
-            fail(ErrorKind::Unsupported, "denoise does not take -r/--ref-image yet; run edit models with `easel generate`");
+        std::vector<Image> refs;  // -r: reference images of edit models, encoded by the family in this stage (as generate does)
+        for (const auto& r : p.ref_images) refs.push_back(load_image(platform::u8path(r), 3));
+        for (const Image& r : refs) s.reference_sizes.push_back({r.height, r.width});
         check_output_folder(p.save_latent, "--save-latent");
         const auto checkpoint_lock = prepare_checkpoint_dir(p);
         auto fam = open_model(s);
+        for (const Image& r : refs) fam->check_reference_image(r.width, r.height);
         check_resume(p);
         std::optional<LoadedLatent> init_lat;
         if (!p.load_latent.empty()) init_lat = load_latent(platform::u8path(p.load_latent), *fam);
@@ -1260,14 +1271,45 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         in.cond = &cond;
         if (init_lat && init_lat->posterior) in.init_posterior = &*init_lat->posterior;
         if (init_lat && !init_lat->posterior) in.init_latent = &init_lat->latent;
+        std::string init_hash = init_lat ? init_lat->hash : "";
+        std::vector<float> mask_lat;  // [h, w], 1 = repaint: prepared as generate prepares it
+        if (!p.mask.empty()) {
+            if (!init_lat || !init_lat->posterior)
+                fail(ErrorKind::InvalidInput, "denoise --mask {} needs --load-latent INIT from `easel encode-image -i IMAGE` (the image the mask repaints)",
+                     p.mask);
+            const Image m = load_image(platform::u8path(p.mask), 1);
+            if (m.width < W || m.height < H)
+                fail(ErrorKind::InvalidInput, "--mask {} is {}x{} but the init latent is {}x{} pixels: pass the mask of the image given to encode-image",
+                     p.mask, m.width, m.height, W, H);
+            std::vector<float> mfull((size_t)W * H);  // cropped top-left to W x H, binarised at 0.5 (generate's rule)
+            for (int y = 0; y < H; ++y)
+                for (int x = 0; x < W; ++x) mfull[(size_t)y * W + x] = (1.0f / 255.0f) * m.pixels[(size_t)y * m.width + x] >= 0.5f ? 1.0f : 0.0f;
+            mask_lat = resize_nearest(mfull, H, W, H / f, W / f);
+            in.mask = &mask_lat;
+            init_hash = "xxh3-128:" + hash_parts({init_hash, xxh3_hex(std::span<const uint8_t>((const uint8_t*)mask_lat.data(), mask_lat.size() * 4))});
+        }
+        if (!refs.empty()) {
+            std::vector<vae::HostTensor> rt;
+            std::vector<std::string> parts{init_hash};
+            for (const Image& r : refs) {
+                vae::HostTensor t(1, 3, r.height, r.width);
+                t.data = image_to_planar(r, -1.0f, 1.0f);
+                rt.push_back(std::move(t));
+                parts.push_back(xxh3_hex(r.pixels));
+            }
+            fam->set_reference_images(rt);
+            release(*fam, s, Module::VaeEncoder);
+            init_hash = "xxh3-128:" + hash_parts(parts);
+        }
         Setup s2 = s;
         if (s2.p.save_latent.empty()) s2.p.save_latent = p.save_latent;
-        denoise_batch(*fam, s2, cond, in, init_lat ? init_lat->hash : "", W, H, progress, nullptr, nullptr);
+        denoise_batch(*fam, s2, cond, in, init_hash, W, H, progress, nullptr, nullptr);
         for (int b = 0; b < p.batch_count; ++b) written.push_back(batch_output_path(p.save_latent, b, p.batch_count));
         break;
     }
     case Stage::Decode: {
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
+        (void)output_format(platform::u8path(p.output));
         check_output_folder(p.output, "-o");
         auto upscaler = open_upscaler(p, s.threads);
         auto fam = open_model(s);
@@ -1297,7 +1339,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
             std::vector<Image> one{std::move(out)};
             upscale_and_save(*upscaler, p, one, {texts}, {p.output}, nullptr);
         } else {
-            save_png(platform::u8path(p.output), out, texts);
+            save_image(platform::u8path(p.output), out, texts);
         }
         written.push_back(p.output);
         break;

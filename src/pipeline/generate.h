@@ -173,7 +173,9 @@ void check_output_folder(const std::string& path, const char* flag);
 
 /// The output path of image `index` of a batch: each %d, %Nd or %0Nd in `pattern` becomes
 /// index+1 (printf's meaning, but replaced here: no other % conversion is interpreted, %% is %);
-/// without one, image 0 is `pattern` and image i >= 1 is `<stem>_<i+1><ext>`.
-std::string batch_output_path(const std::string& pattern, int index, int count);
+/// without one, image 0 is `pattern` and image i >= 1 is `<stem>_<i+1><ext>`. With `begin` >= 0
+/// (sd-cli's --output-begin-idx) the numbers are begin + index, and without a %d every image of
+/// a batch of count > 1 gets `<stem>_<begin+index><ext>` (a single image keeps `pattern`).
+std::string batch_output_path(const std::string& pattern, int index, int count, int begin = -1);
 
 }  // namespace easel::pipeline

@@ -26,6 +26,8 @@ struct GenerateParams {
     // prompt
     std::string prompt;           ///< -p
     std::string negative_prompt;  ///< -n
+    std::string prompt_file;      ///< --prompt-file: read -p from this UTF-8 text file (one trailing newline dropped)
+    std::string negative_prompt_file;  ///< --negative-prompt-file: read -n from this file
     int clip_skip = -1;           ///< --clip-skip: <= 0 means family default (1 SD1.x, 2 SD2.x)
 
     // LoRA and textual inversion (docs/lora.md)
@@ -37,6 +39,8 @@ struct GenerateParams {
     // sampling
     float cfg_scale = 7.0f;       ///< --cfg-scale
     float guidance = 3.5f;        ///< --guidance (distilled-guidance models)
+    /// --guidance was given: a family without a guidance input (Family::uses_guidance) warns once.
+    bool guidance_given = false;
     int steps = 20;               ///< --steps
     /// false: --steps / --cfg-scale were not given and generate uses the family's defaults
     /// (Family::defaults(): Z-Image 8 steps CFG 1, FLUX.2 Klein distilled 4 steps CFG 1 ...);
@@ -60,7 +64,10 @@ struct GenerateParams {
     // image
     int width = 512, height = 512;  ///< -W/-H in pixels
     int batch_count = 1;            ///< -b
-    std::string output = "output.png";  ///< -o; printf-style %d allowed for batches
+    std::string output = "output.png";  ///< -o (.png, .jpg/.jpeg); printf-style %d allowed for batches
+    /// --output-begin-idx (sd-cli): the number of the first image in -o's %d, or in the
+    /// NAME_N suffix of a batch; < 0: easel's default (%d from 1; the first image unsuffixed).
+    int output_begin_idx = -1;
     std::string init_img;           ///< -i
     std::string mask;               ///< --mask
     float strength = 0.75f;         ///< --strength (img2img)
@@ -69,6 +76,9 @@ struct GenerateParams {
     // VAE
     bool vae_tiling = false;        ///< --vae-tiling
     std::string vae_tile_size = "32x32";  ///< --vae-tile-size in latent cells
+    /// --vae-relative-tile-size [X]x[Y] (sd-cli: a fraction of the latent, or tiles per side):
+    /// parsed so that it can be refused with its reason (not in this build yet); "" = not given.
+    std::string vae_relative_tile_size;
     float vae_tile_overlap = 0.5f;  ///< --vae-tile-overlap, fraction of the tile
 
     // upscaler (pipeline/upscale.h)
@@ -79,6 +89,10 @@ struct GenerateParams {
     // execution
     bool flash_attn = false;        ///< --fa
     bool diffusion_fa = false;      ///< --diffusion-fa
+    /// --vae-conv-direct / --diffusion-conv-direct (sd-cli): ggml_conv_2d_direct instead of
+    /// im2col. Accepted; every convolution of this build runs through im2col (one warning says so).
+    bool vae_conv_direct = false, diffusion_conv_direct = false;
+    bool mmap = false;              ///< --mmap (sd-cli): easel always maps model files read-only; -v says so
     int threads = -1;               ///< -t (<= 0: physical cores)
     placement::PlacementFlags placement;  ///< --backend, --params-backend, --max-vram ... (docs/placement.md)
     bool verbose = false;           ///< -v

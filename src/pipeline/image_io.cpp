@@ -19,9 +19,17 @@
 #endif
 #include <stb_image.h>
 #if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#endif
+#define STB_IMAGE_WRITE_STATIC
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb_image_write.h>
+#if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
 
+#include <cctype>
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
@@ -195,6 +203,48 @@ std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry
                         kColorType[image.channels]))
         fail(ErrorKind::InvalidInput, "PNG encoding failed: {}", st.error);
     return out;
+}
+
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality, std::string_view comment) {
+    check_shape(image.width, image.height, image.channels, image.pixels.size(), "encode_jpeg");
+    if (quality < 1 || quality > 100) fail(ErrorKind::InvalidInput, "JPEG quality {} is outside 1..100", quality);
+    if (comment.size() > kMaxJpegComment)
+        fail(ErrorKind::InvalidInput, "JPEG comment of {} bytes is longer than a COM segment holds ({})", comment.size(), kMaxJpegComment);
+    std::vector<uint8_t> out;
+    auto sink = [](void* ctx, void* data, int size) {
+        auto* v = static_cast<std::vector<uint8_t>*>(ctx);
+        v->insert(v->end(), static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+    };
+    // stb writes gray (1) and RGB (3); 2 and 4 channels lose their alpha (JPEG has none)
+    if (!stbi_write_jpg_to_func(sink, &out, image.width, image.height, image.channels, image.pixels.data(), quality) || out.size() < 2)
+        fail(ErrorKind::Internal, "stb_image_write could not encode a {}x{} JPEG", image.width, image.height);
+    if (!comment.empty()) {
+        // COM segment (ITU T.81 B.2.4.5): FF FE, a 2-byte big-endian length counting itself, the bytes; right after SOI
+        const size_t len = comment.size() + 2;
+        std::vector<uint8_t> com = {0xFF, 0xFE, (uint8_t)(len >> 8), (uint8_t)(len & 0xFF)};
+        com.insert(com.end(), comment.begin(), comment.end());
+        out.insert(out.begin() + 2, com.begin(), com.end());
+    }
+    return out;
+}
+
+ImageFormat output_format(const std::filesystem::path& path) {
+    std::string ext = platform::path_utf8(path.extension());
+    for (auto& c : ext) c = (char)std::tolower((unsigned char)c);
+    if (ext == ".jpg" || ext == ".jpeg" || ext == ".jpe") return ImageFormat::Jpeg;
+    if (ext == ".webp")
+        fail(ErrorKind::Unsupported, "{}: this build has no WebP writer; write .png (the parameters in its text chunks) or .jpg/.jpeg",
+             platform::path_utf8(path));
+    return ImageFormat::Png;
+}
+
+void save_image(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts) {
+    if (output_format(path) == ImageFormat::Png) return save_png(path, image, texts);
+    std::string comment;
+    for (const auto& t : texts)
+        if (t.keyword == "parameters") comment = t.text;
+    if (comment.size() > kMaxJpegComment) comment.resize(kMaxJpegComment);  // (a prompt of over 65 KB: its start is kept)
+    platform::write_file_atomic(path, encode_jpeg(image, 90, comment));
 }
 
 void save_png(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts) {

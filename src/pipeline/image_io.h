@@ -58,6 +58,28 @@ std::vector<uint8_t> encode_png(const Image& image, std::span<const PngTextEntry
 /// (the previous file is kept, no temporary file remains), plus encode_png's errors.
 void save_png(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts = {});
 
+/// Largest JPEG comment (COM segment payload): 65535 - 2 length bytes.
+inline constexpr size_t kMaxJpegComment = 65533;
+
+/// Encodes a baseline JPEG (stb_image_write; 4:2:0 below quality 90, 4:4:4 from 90) of a gray or
+/// RGB image (an alpha channel is dropped) at `quality` 1..100; a non-empty `comment` is written
+/// as a COM segment right after SOI (what `exiftool -Comment` and PIL's info["comment"] read).
+/// Throws Error(InvalidInput) for a bad shape, a quality outside 1..100 or a comment longer than
+/// kMaxJpegComment bytes.
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality = 90, std::string_view comment = {});
+
+/// The file formats easel writes images in.
+enum class ImageFormat { Png, Jpeg };
+/// The format of an output path, from its extension (case-insensitive): .jpg / .jpeg / .jpe:
+/// JPEG; anything else (.png, none, ...): PNG. Throws Error(Unsupported) for .webp (no WebP
+/// writer in this build), naming the formats that are written.
+ImageFormat output_format(const std::filesystem::path& path);
+
+/// Writes `image` atomically in output_format(path): PNG with `texts` as text chunks (save_png),
+/// or JPEG at quality 90 with the "parameters" text (A1111's infotext) as its comment (cut to
+/// kMaxJpegComment bytes). Throws output_format's, encode_png's / encode_jpeg's and save_png's errors.
+void save_image(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts = {});
+
 /// Planar float copy of an image: [C, H, W] (ggml ne = [W, H, C]), value v/255 mapped linearly
 /// to [lo, hi] (lo=0, hi=1 gives [0, 1]; lo=-1, hi=1 gives the VAE input range).
 std::vector<float> image_to_planar(const Image& image, float lo = 0.0f, float hi = 1.0f);

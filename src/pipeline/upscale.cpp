@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "models/vae/host_tensor.h"
 #include "pipeline/generate.h"
 #include "pipeline/memory_check.h"
@@ -135,6 +136,7 @@ std::string format_upscale_report(const ImageUpscaler& up, const UpscaleReport& 
 
 UpscaleReport upscale_file(const std::string& input, const std::string& output, const UpscaleOptions& opt) {
     if (input.empty()) fail(ErrorKind::InvalidInput, "upscale needs an image: pass -i IMAGE");
+    (void)output_format(platform::u8path(output));  // .webp: refused before the upscaler loads
     check_output_folder(output, "-o");
     ImageUpscaler up(opt);
     Image img = load_image(input, 4);
@@ -145,7 +147,7 @@ UpscaleReport upscale_file(const std::string& input, const std::string& output, 
     UpscaleReport r;
     Image out = up.upscale(img, &r);
     const PngTextEntry text{"postprocessing", postprocessing_text(up, opt.repeats)};
-    save_png(output, out, std::span<const PngTextEntry>(&text, 1));
+    save_image(output, out, std::span<const PngTextEntry>(&text, 1));  // .png or .jpg by the extension
     log::info("{}", format_upscale_report(up, r));
     return r;
 }

@@ -47,6 +47,7 @@ void add_rpc_servers(const std::string& list) {
     fail(ErrorKind::Unsupported, "--rpc-servers: this easel was built without RPC support (configure with -DEASEL_RPC=ON)");
 #else
     size_t start = 0;
+    std::set<std::string> listed;  // within this list: each server is one device, named once
     while (start <= list.size()) {
         size_t comma = list.find(',', start);
         std::string ep = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
@@ -62,6 +63,9 @@ void add_rpc_servers(const std::string& list) {
         }
         long port = std::stol(ep.substr(colon + 1));
         if (port <= 0 || port > 65535) fail(ErrorKind::InvalidInput, "--rpc-servers: port {} out of range 1..65535", port);
+        if (!listed.insert(ep).second)
+            fail(ErrorKind::InvalidInput,
+                 "--rpc-servers: {} is listed twice; each server is one device (RPC0, RPC1, ... in list order): name each server once", ep);
         std::lock_guard<std::mutex> lock(g_mu);
         if (g_rpc_added.count(ep)) continue;
         std::string host = ep.substr(0, colon);

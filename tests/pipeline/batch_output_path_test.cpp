@@ -18,3 +18,14 @@ TEST(BatchOutputPath, PlaceholdersAreReplacedAndNothingElseIsFormatted) {
     EXPECT_EQ(batch_output_path("dir/plain.png", 1, 2), "dir/plain_2.png");
     EXPECT_EQ(batch_output_path("trailing%", 0, 1), "trailing%");
 }
+
+// --output-begin-idx (sd-cli): %d counts from the given number; without a %d every image of a
+// batch gets NAME_<number> (sd-cli's save_results), a single image keeps the name.
+TEST(BatchOutputPath, OutputBeginIdx) {
+    EXPECT_EQ(batch_output_path("out_%d.png", 0, 2, 0), "out_0.png");
+    EXPECT_EQ(batch_output_path("out_%03d.png", 1, 2, 5), "out_006.png");
+    EXPECT_EQ(batch_output_path("plain.png", 0, 2, 5), "plain_5.png");
+    EXPECT_EQ(batch_output_path("dir/plain.png", 1, 2, 5), "dir/plain_6.png");
+    EXPECT_EQ(batch_output_path("plain.png", 0, 1, 5), "plain.png");
+    EXPECT_EQ(batch_output_path("plain.png", 1, 2, -1), "plain_2.png");  // not given: easel's default
+}

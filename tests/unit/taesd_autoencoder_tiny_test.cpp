@@ -338,3 +338,26 @@ TEST(TaesdAutoencoderTiny, Taef2OnGpuMatchesCpu) {
     }
     ggml_backend_free(gpu);
 }
+
+// The TAEF1 stand-in (tests/data/reference/taef1_standin_decoder.safetensors, made by
+// tools/reference/make_taef1_standin.py): a 16-channel decoder whose first convolution is the
+// fixture's spread over four copies of its 4 input channels (W16[o, c] = W4[o, c % 4] / 4). Four
+// copies of the fixture's latent must decode to diffusers' decoded_latent: the check that the
+// 16-channel file is a faithful TAEF1-shaped decoder for the Z-Image / FLUX.1 --taesd tests.
+TEST(TaesdAutoencoderTiny, Taef1StandinDecodesFourCopiesAsTheFixture) {
+    auto src = io::WeightIndex::open(ref(kFixture));
+    auto idx = io::WeightIndex::open(ref("taef1_standin_decoder.safetensors"));
+    Backend be;
+    auto m = vae::TinyAutoencoder::load(idx, be.b);
+    ASSERT_TRUE(m->has_decoder());
+    EXPECT_EQ(m->latent_channels(), 16);
+    const HostTensor z4 = read4(src, "__input__.latent");
+    HostTensor z16(z4.n, 16, z4.h, z4.w);
+    for (int64_t n = 0; n < z4.n; ++n)
+        for (int64_t c = 0; c < 16; ++c)
+            for (int64_t i = 0; i < z4.h * z4.w; ++i)
+                z16.data[(size_t)((n * 16 + c) * z4.h * z4.w + i)] = z4.data[(size_t)((n * 4 + c % 4) * z4.h * z4.w + i)];
+    const float e = max_abs_diff(m->decode(z16), read4(src, "__output__.decoded_latent"));
+    std::printf("[taef1 stand-in] max abs error vs diffusers decoded_latent: %.3g\n", e);
+    EXPECT_LT(e, 1e-4f);
+}

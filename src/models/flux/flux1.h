@@ -77,6 +77,7 @@ public:
 
     // models::Family
     std::string name() const override;  ///< "FLUX.1 dev" or "FLUX.1 schnell"
+    bool uses_guidance() const override { return dcfg_.guidance_embeds; }  ///< dev: yes; schnell: no guidance embedder
     std::string describe() const override;
     /// 16 channels, factor 8, scaling/shift from the VAE config.json, else 0.3611 / 0.1159.
     LatentFormat latent_format() const override;
@@ -139,7 +140,8 @@ private:
 
     FluxSource dsrc_;
     FluxDiTConfig dcfg_;
-    std::optional<vae::KLSource> kl_;
+    std::optional<vae::KLSource> kl_;  ///< absent with --taesd and no --vae (decode only)
+    std::string taesd_path_;            ///< --taesd: TAEF1 decodes ("" = the KL decoder)
     int spatial_factor_ = 8;
     float scaling_factor_ = 0.3611f, shift_factor_ = 0.1159f;
     std::unique_ptr<sampling::ModelSampling> ms_;

@@ -214,6 +214,8 @@ std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const Fami
     std::unique_ptr<Flux2Klein> m(new Flux2Klein(files, opt));
     if (files.model.empty() && files.diffusion_model.empty())
         fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a diffusers folder or a FLUX.2 Klein file) or --diffusion-model");
+    for (auto [flag, path] : {std::pair<const char*, const std::string*>{"--clip_l", &files.clip_l}, {"--clip_g", &files.clip_g}, {"--t5xxl", &files.t5xxl}})
+        note_unused_model_file(flag, *path, "FLUX.2 Klein", "has no such text encoder (its text encoder is the Qwen3 LLM, --llm)");
 
     static const SourceRule rules[] = {{"transformer", &ModelFiles::diffusion_model, "--diffusion-model"},
                                        {"vae", &ModelFiles::vae, "--vae"},

@@ -1,6 +1,7 @@
 #include "models/zimage/z_image.h"
 
 #include "core/error.h"
+#include "core/platform.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
@@ -135,6 +136,9 @@ std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOption
     if (!(opt.flow_shift >= 0.0f) || !std::isfinite(opt.flow_shift))
         fail(ErrorKind::InvalidInput, "--flow-shift {}: must be a positive number (0 = the model's default)", opt.flow_shift);
 
+    for (auto [flag, path] : {std::pair<const char*, const std::string*>{"--clip_l", &files.clip_l}, {"--clip_g", &files.clip_g}, {"--t5xxl", &files.t5xxl}})
+        note_unused_model_file(flag, *path, "Z-Image", "has no such text encoder (its text encoder is the Qwen3 LLM, --llm)");
+
     static const SourceRule rules[] = {{"transformer", &ModelFiles::diffusion_model, "--diffusion-model"},
                                        {"vae", &ModelFiles::vae, "--vae"},
                                        {"text_encoder", &ModelFiles::llm, "--llm"}};
@@ -166,11 +170,20 @@ std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOption
     ve.needed = "the FLUX.1 VAE (16 latent channels, ae.safetensors)";
     ve.no_vae = ve.no_kl = "pass the FLUX.1 VAE (ae.safetensors) with --vae FILE";
     ve.wrong_channels = "Z-Image needs the 16-channel FLUX.1 VAE (ae.safetensors)";
-    const VaeHeaders vh = m->read_vae_headers(ve);
-    m->kl_ = vh.kl;
-    m->spatial_factor_ = vh.cfg.spatial_factor();
-    m->scaling_factor_ = vh.scaling.value_or(m->scaling_factor_);
-    m->shift_factor_ = vh.shift.value_or(m->shift_factor_);
+    if (!files.taesd.empty()) {
+        std::error_code ec;
+        if (!fs::exists(platform::u8path(files.taesd), ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
+        m->taesd_path_ = files.taesd;
+    }
+    // --taesd alone (TAEF1, no --vae): the tiny autoencoder decodes; there is no VAE encoder
+    // (img2img says so), and the latent factor is FLUX.1's 8.
+    if (!m->vae_src_.empty() || m->taesd_path_.empty()) {
+        const VaeHeaders vh = m->read_vae_headers(ve);
+        m->kl_ = vh.kl;
+        m->spatial_factor_ = vh.cfg.spatial_factor();
+        m->scaling_factor_ = vh.scaling.value_or(m->scaling_factor_);
+        m->shift_factor_ = vh.shift.value_or(m->shift_factor_);
+    }
 
     // Noise process: static shift.
     double shift = kDefaultFlowShift;
@@ -194,7 +207,8 @@ std::string ZImage::name() const { return "Z-Image"; }
 
 std::string ZImage::describe() const {
     return fmt::format("Z-Image ({}), transformer {}, flow shift {} ({}){}", model_desc_, dcfg_.summary(), ms_->shift(), shift_src_,
-                       te_desc_.empty() ? "" : ", text encoder " + te_desc_);
+                       te_desc_.empty() ? "" : ", text encoder " + te_desc_) +
+           (taesd_path_.empty() ? "" : ", TAEF1 decoder " + taesd_path_);
 }
 
 LatentFormat ZImage::latent_format() const {
@@ -376,6 +390,14 @@ void ZImage::add_modules() {
     VaeSetup v;
     v.kl = kl_;
     v.tile_factor = spatial_factor_;
+    // --taesd: TAEF1 (a 16-channel tiny autoencoder) decodes instead of the KL decoder
+    v.taesd_path = taesd_path_;
+    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
+        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF1: taef1_decoder)", taesd_path_);
+        if (t.latent_channels() != 16)
+            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; Z-Image latents have 16 channels: pass TAEF1 (taef1_decoder)",
+                 taesd_path_, t.latent_channels());
+    };
     add_vae(std::move(v));
 }
 
@@ -470,11 +492,21 @@ vae::HostTensor ZImage::decode(const vae::HostTensor& latent, const vae::TilingO
     if (latent.c != dcfg_.in_channels)
         fail(ErrorKind::InvalidInput, "latent has {} channels; Z-Image latents have {}", latent.c, dcfg_.in_channels);
     load(Module::VaeDecoder);
+    // TAEF1 decodes the latent the DiT works in, (raw - shift) x scale: diffusers' AutoencoderTiny
+    // config for it has scaling 1 and shift 0; ComfyUI feeds its decoder (raw - 0.1159) x 0.3611
+    if (decodes_with_taesd()) return decode_taesd(latent);
     vae::HostTensor z = latent;
     for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
     return decode_kl(z, tiling);
 }
 
-vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }
+vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
+    if (!kl_)
+        fail(ErrorKind::InvalidInput,
+             "an init image (-i) is encoded with the VAE encoder, and --taesd {} only decodes: pass the FLUX.1 VAE (ae.safetensors) "
+             "with --vae FILE for img2img",
+             taesd_path_);
+    return encode_kl(image, tiling);
+}
 
 }  // namespace easel::models::zimage
