@@ -31,7 +31,7 @@ EASEL_COMMAND(
         sub.footer(
             "sd-cli's flags work as they are, also without the word `generate` (easel -m ... -p ...).\n"
             "Examples:\n"
-            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256 --sampling-method euler --cfg-scale 5\n"
+            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\"      (no sampler, CFG, steps or size flag: the file's recommended settings)\n"
             "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
             "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
             "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png\n"
@@ -46,9 +46,12 @@ EASEL_COMMAND(
                     if (sub.count(f) > 0) log::warn("-M upscale: {} is not used (upscale mode runs only the upscaler on -i)", f);
                 return cli::run_upscale_mode(*p);
             }
-            // flags left out take the model family's defaults (steps, CFG scale)
+            // flags left out take the model file's recommended settings (easel.* metadata), else the
+            // family's defaults (steps, CFG scale; the sampler and scheduler when their names are empty)
             p->steps_given = sub.count("--steps") > 0;
             p->cfg_scale_given = sub.count("--cfg-scale") > 0;
+            p->width_given = sub.count("--width") > 0;
+            p->height_given = sub.count("--height") > 0;
             const bool tty = platform::is_terminal(stderr);
             auto t_last = std::chrono::steady_clock::now();
             double sum = 0;
