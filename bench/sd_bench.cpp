@@ -17,14 +17,17 @@
 // Each is run once to warm up, then --reps times; the median wall time is reported with the
 // measured compute buffer (runtime::GraphRunner::last_compute_bytes) and parameter bytes.
 //
-// Demo benchmark (--demo FILE): pipeline::generate() at 256x256, 20 steps, CFG 7.5, Euler
-// (discrete), seed 1; total and per-stage times from its GenerateReport.
+// Demo benchmark (--demo FILE): pipeline::generate() at the default settings, i.e. the model file's
+// recommended ones (its easel.* metadata: the demo model's 256x256, Euler, discrete, 20 steps, CFG 3),
+// as `easel -p "..."` runs it; SD's defaults for a file without them (then 512x512). Seed 1; total and
+// per-stage times from its GenerateReport.
 #include "bench_common.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "easel_version.h"
 #include "io/weight_index.h"
 #include "models/clip/clip_text.h"
+#include "models/recommended.h"
 #include "models/qwen3/qwen3.h"
 #include "models/sd/unet.h"
 #include "models/vae/autoencoder_kl.h"
@@ -529,12 +532,9 @@ json bench_vae(const Options& o, runtime::GraphRunner& run) {
 json bench_demo(const Options& o) {
     pipeline::GenerateParams p;
     p.model = o.demo;
-    p.prompt = "a large green star in the centre, white background";
-    p.width = p.height = 256;
-    p.steps = 20;
-    p.cfg_scale = 7.5f;
-    p.sampling_method = "euler";
-    p.scheduler = "discrete";
+    p.prompt = "a large red circle in the centre, blue background";  // the README's first command
+    // no size, sampler, scheduler, steps or CFG: the file's recommended settings (docs/formats.md)
+    p.steps_given = p.cfg_scale_given = p.width_given = p.height_given = false;
     p.seed = 1;
     p.threads = o.threads > 0 ? o.threads : -1;
     p.flash_attn = o.flash;
@@ -562,9 +562,16 @@ json bench_demo(const Options& o) {
     }
     std::error_code ec;
     fs::remove(out, ec);
+    models::ModelFiles files;
+    files.model = o.demo;
+    const models::RecommendedSettings rec = models::read_recommended(files);
+    const std::string settings =
+        fmt::format("the model file's recommended settings: {}x{}, {} steps, {} {}, CFG {}; seed 1, batch 1", rec.width.value_or(512),
+                    rec.height.value_or(512), rec.steps.value_or(20), rec.sampler.value_or("euler_a"), rec.scheduler.value_or("discrete"),
+                    rec.cfg_scale.value_or(7.0f));
     return {{"what", "demo"},
             {"model", o.demo},
-            {"settings", "256x256, 20 steps, euler discrete, CFG 7.5, seed 1, batch 1"},
+            {"settings", settings},
             {"prompt", p.prompt},
             {"median_total_s", median(totals)},
             {"runs", runs}};
@@ -584,7 +591,7 @@ int main_impl(int argc, char** argv) {
     app.add_option("--size", o.size, "image side in pixels (default 512; latent side = size / 8)")
         ->check(CLI::Range(64, 4096));
     app.add_option("--json", o.json_path, "write the results as JSON to this file");
-    app.add_option("--demo", o.demo, "benchmark the txt2img pipeline on this model (256x256, 20 steps, CFG 7.5) instead");
+    app.add_option("--demo", o.demo, "benchmark the txt2img pipeline on this model at its default settings (the file's easel.* ones: the demo's 256x256, 20 steps, CFG 3) instead");
     app.add_option("--tmp-dir", o.tmp_dir, "folder for the temporary made-up weight files (default: the system temp folder)");
     app.add_option("--seed", o.seed, "seed of the made-up weights and inputs (default 1)");
     app.add_flag("--fa", o.flash, "use flash attention where the backend supports it");

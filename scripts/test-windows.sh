@@ -103,7 +103,8 @@ echo "test-windows: easel devices under Wine: $(tr -d '\r' < "$tmp/devices.txt" 
 
 # the demo image: Windows vs Linux
 model="$root/models/demo/easel-demo-shapes.safetensors"
-flags=(-p "a large red circle in the centre, blue background" -W 256 -H 256 --steps 20 --cfg-scale 5 --sampling-method euler -s 42 -t 2 --rng cpu --no-cache)
+# (no size, sampler, CFG or steps flag: the model file's recommended 256x256, euler, CFG 3, 20 steps, as the README's first command)
+flags=(-p "a large red circle in the centre, blue background" -s 42 -t 2 --rng cpu --no-cache)
 "$linux_easel" generate -m "$model" "${flags[@]}" -o "$tmp/linux.png" >/dev/null 2>"$tmp/linux.err" || fail "Linux easel failed: $(cat "$tmp/linux.err")"
 t0=$(date +%s.%N)
 weasel generate -m "$(winpath "$model")" "${flags[@]}" -o "$(winpath "$tmp")\\win.png" >/dev/null 2>"$tmp/win.err" ||

@@ -31,7 +31,7 @@ EASEL_COMMAND(
         sub.footer(
             "sd-cli's flags work as they are, also without the word `generate` (easel -m ... -p ...).\n"
             "Examples:\n"
-            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\" -W 256 -H 256 --sampling-method euler --cfg-scale 5\n"
+            "  easel generate -m models/demo/easel-demo-shapes.safetensors -p \"a large red circle in the centre, blue background\"      (no sampler, CFG, steps or size flag: the file's recommended settings)\n"
             "  easel generate -m sd15.safetensors -p \"a lighthouse at dusk, (oil painting:1.2)\" -n \"blurry\" --sampling-method dpm++2m --scheduler karras --steps 25 -s -1\n"
             "  easel generate -m sd15.safetensors -p \"a cat\" -i photo.png --strength 0.6 -o cat.png\n"
             "  easel generate -m sd15-inpainting.safetensors -p \"a red door\" -i house.png --mask door-mask.png\n"
@@ -51,7 +51,9 @@ EASEL_COMMAND(
             if (sub.count_all() == sub.count("--verbose") + sub.count("--color") + sub.count("--rpc-servers"))
                 fail(ErrorKind::InvalidInput, "easel generate: nothing to do: pass -p PROMPT (and -m MODEL; without it the bundled demo model "
                                               "draws), see `easel generate --help`");
-            // flags left out take the model family's defaults (steps, CFG scale); prompt files; notes
+            // flags left out take the model file's recommended settings (easel.* metadata), else the
+            // family's defaults (steps, CFG scale; the sampler and scheduler when their names are empty);
+            // prompt files; notes
             cli::resolve_generate_options(sub, *p);
             const bool tty = platform::is_terminal(stderr);
             auto t_last = std::chrono::steady_clock::now();

@@ -198,14 +198,16 @@ inline std::string read_prompt_file(const std::string& path, const char* flag) {
 }
 
 /// Settles the options of add_generate_options() that need the parsed command line as a whole,
-/// before anything runs: which flags were given (--steps, --cfg-scale: otherwise the family's
-/// defaults), --prompt-file / --negative-prompt-file (each excludes its -p / -n), and the notes
+/// before anything runs: which flags were given (--steps, --cfg-scale, --width, --height: otherwise
+/// the model file's recommended settings or the family's defaults), --prompt-file / --negative-prompt-file (each excludes its -p / -n), and the notes
 /// of the accepted flags that change nothing in this build: --mmap (a debug line: easel maps
 /// model files already) and --vae-conv-direct / --diffusion-conv-direct (one warning). Throws
 /// Error(InvalidInput) for -p with --prompt-file, Error(Io) for a prompt file that cannot be read.
 inline void resolve_generate_options(const CLI::App& app, pipeline::GenerateParams& p) {
     p.steps_given = app.count("--steps") > 0;
     p.cfg_scale_given = app.count("--cfg-scale") > 0;
+    p.width_given = app.count("--width") > 0;
+    p.height_given = app.count("--height") > 0;
     if (!p.prompt_file.empty()) {
         if (app.count("--prompt") > 0) fail(ErrorKind::InvalidInput, "give either -p/--prompt or --prompt-file, not both");
         p.prompt = read_prompt_file(p.prompt_file, "--prompt-file");

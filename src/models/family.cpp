@@ -1,4 +1,5 @@
 #include "models/family.h"
+#include "models/recommended.h"
 #include "core/platform.h"
 
 #include "core/error.h"
@@ -9,6 +10,11 @@
 #include "models/flux/flux2_klein.h"
 #include "models/sd/stable_diffusion.h"
 #include "models/zimage/z_image.h"
+#include "sampling/names.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
 
 #include <filesystem>
 #include <functional>
@@ -69,6 +75,75 @@ std::pair<fs::path, std::string> diffusion_source(const ModelFiles& files) {
 }
 
 }  // namespace
+
+RecommendedSettings read_recommended(const std::map<std::string, io::MetaValue>& metadata, const std::string& file) {
+    RecommendedSettings r;
+    r.file = file;
+    auto bad = [&](const std::string& key, const std::string& value, const std::string& want) {
+        fail(ErrorKind::InvalidInput,
+             "{}: metadata {} = \"{}\" is not {}; fix the file (tools/demo-model/set_meta.py FILE {}=VALUE, or {}= to remove the key)",
+             file, key, value, want, key, key);
+    };
+    // safetensors metadata values are strings; GGUF keeps the type
+    auto text = [&](const char* key) -> std::optional<std::string> {
+        auto it = metadata.find(key);
+        if (it == metadata.end()) return std::nullopt;
+        const io::MetaValue& v = it->second;
+        switch (v.kind) {
+        case io::MetaValue::Kind::String: return v.s;
+        case io::MetaValue::Kind::Int: return std::to_string(v.i);
+        case io::MetaValue::Kind::Float: return fmt::format("{}", v.f);
+        default: bad(key, "(an array or boolean)", "a string or number"); return std::nullopt;
+        }
+    };
+    auto integer = [&](const char* key, int lo, int hi, int multiple, const char* want) -> std::optional<int> {
+        auto t = text(key);
+        if (!t) return std::nullopt;
+        int n = 0;
+        const auto [end, ec] = std::from_chars(t->data(), t->data() + t->size(), n);
+        if (ec != std::errc() || end != t->data() + t->size() || n < lo || n > hi || n % multiple != 0) bad(key, *t, want);
+        return n;
+    };
+    if (auto t = text("easel.sampler")) {
+        try {
+            (void)sampling::resolve_sampler_name(*t);
+        } catch (const Error&) {
+            bad("easel.sampler", *t, "a --sampling-method name (euler, euler_a, dpm++2m, ...)");
+        }
+        r.sampler = *t;
+    }
+    if (auto t = text("easel.scheduler")) {
+        try {
+            (void)sampling::resolve_scheduler_name(*t);
+        } catch (const Error&) {
+            bad("easel.scheduler", *t, "a --scheduler name (discrete, karras, exponential, ...)");
+        }
+        r.scheduler = *t;
+    }
+    if (auto t = text("easel.cfg_scale")) {
+        float v = 0;
+        const auto [end, ec] = std::from_chars(t->data(), t->data() + t->size(), v);
+        if (ec != std::errc() || end != t->data() + t->size() || !std::isfinite(v) || v <= 0) bad("easel.cfg_scale", *t, "a number > 0");
+        r.cfg_scale = v;
+    }
+    r.steps = integer("easel.steps", 1, 10000, 1, "an integer from 1 to 10000");
+    r.width = integer("easel.width", 8, 16384, 8, "a multiple of 8 from 8 to 16384");
+    r.height = integer("easel.height", 8, 16384, 8, "a multiple of 8 from 8 to 16384");
+    return r;
+}
+
+RecommendedSettings read_recommended(const ModelFiles& files) {
+    if (files.model.empty() && files.diffusion_model.empty()) return {};
+    auto [path, flag] = diffusion_source(files);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) return {};  // open_family says so
+    // PyTorch pickles carry no easel.* keys, and parsing one again is not free
+    std::string ext = path.extension().string();
+    for (auto& c : ext) c = (char)std::tolower((unsigned char)c);
+    if (ext == ".ckpt" || ext == ".pt" || ext == ".pth" || ext == ".bin") return {};
+    const io::WeightIndex wi = io::WeightIndex::open(path);  // headers only
+    return read_recommended(wi.metadata(), platform::path_utf8(path));
+}
 
 std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions& opt) {
     if (files.model.empty() && files.diffusion_model.empty())

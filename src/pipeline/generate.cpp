@@ -8,6 +8,7 @@
 #include "lora/lora_file.h"
 #include "lora/request.h"
 #include "models/family.h"
+#include "models/recommended.h"
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
@@ -99,6 +100,8 @@ struct Setup {
     bool keep_loaded = false;
     /// The LoRAs of the job (--lora, prompt tags), resolved and with their files' headers checked.
     std::vector<lora::LoraRequest> loras;
+    /// The model file's recommended sampling settings (easel.* metadata), read when it is opened.
+    models::RecommendedSettings recommended;
 };
 
 /// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
@@ -263,15 +266,48 @@ void check_sampling(const Setup& s, const models::Family& fam) {
 /// the unconditional prediction at every CFG scale).
 bool need_negative(const Setup& s) { return s.p.cfg_scale != 1.0f || sampling::sampler_info(s.method).needs_uncond; }
 
-/// Sampler, scheduler, steps and CFG scale the user left out: the family's defaults (SD: euler_a,
+/// Sampler, scheduler, steps, CFG scale and size the user left out: what the model file recommends
+/// (its easel.* metadata, docs/formats.md; logged), else the family's defaults (SD: euler_a,
 /// discrete, 20, 7; Z-Image: euler, discrete, 8, 1; FLUX.2 Klein distilled: euler, flux2, 4, 1).
+/// The size keeps GenerateParams' value unless the file recommends one.
 void apply_family_defaults(Setup& s, const models::Family& fam) {
     const auto d = fam.defaults();
-    if (!s.method_given) s.method = sampling::parse_sampler(d.sampler);
+    const models::RecommendedSettings& rec = s.recommended;
+    std::vector<std::string> taken;  // what came from the file, for the log line
+    std::optional<sampling::SchedulerKind> rec_sched;  // a recommended A1111 name may imply a schedule
+    if (!s.method_given && rec.sampler) {
+        const auto r = sampling::resolve_sampler_name(*rec.sampler);
+        s.method = r.sampler;
+        rec_sched = r.scheduler;
+        taken.push_back("sampler " + *rec.sampler);
+    } else if (!s.method_given) {
+        s.method = sampling::parse_sampler(d.sampler);
+    }
+    if (rec.scheduler) rec_sched = sampling::resolve_scheduler_name(*rec.scheduler);
     // tcd: sd.cpp's default scheduler for it is lcm (lcm keeps easel's earlier default, the family's)
-    if (!s.sched_given) s.sched = s.method == sampling::SamplerKind::Tcd ? sampling::SchedulerKind::Lcm : sampling::parse_scheduler(d.scheduler);
-    if (!s.p.steps_given) s.p.steps = d.steps;
-    if (!s.p.cfg_scale_given) s.p.cfg_scale = d.cfg_scale;
+    if (!s.sched_given && rec_sched) {
+        s.sched = *rec_sched;
+        taken.push_back("scheduler " + std::string(sampling::scheduler_name(*rec_sched)));
+    } else if (!s.sched_given) {
+        s.sched = s.method == sampling::SamplerKind::Tcd ? sampling::SchedulerKind::Lcm : sampling::parse_scheduler(d.scheduler);
+    }
+    if (!s.p.steps_given) s.p.steps = rec.steps.value_or(d.steps);
+    if (!s.p.steps_given && rec.steps) taken.push_back(fmt::format("{} steps", *rec.steps));
+    if (!s.p.cfg_scale_given) s.p.cfg_scale = rec.cfg_scale.value_or(d.cfg_scale);
+    if (!s.p.cfg_scale_given && rec.cfg_scale) taken.push_back(fmt::format("CFG scale {}", *rec.cfg_scale));
+    if (!s.p.width_given && rec.width) {
+        s.p.width = *rec.width;
+        taken.push_back(fmt::format("width {}", *rec.width));
+    }
+    if (!s.p.height_given && rec.height) {
+        s.p.height = *rec.height;
+        taken.push_back(fmt::format("height {}", *rec.height));
+    }
+    if (!taken.empty()) {
+        std::string list;
+        for (const auto& t : taken) list += (list.empty() ? "" : ", ") + t;
+        log::info("from the model file's recommended settings (easel.* metadata of {}): {}", rec.file, list);
+    }
     if (!s.sigmas.empty()) {
         const int n = static_cast<int>(s.sigmas.size()) - 1;
         // (said only of a list custom_schedule will accept: a refused one gets its one error line)
@@ -343,6 +379,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     fo.vae_encode_sizes = s.encode_sizes;
     fo.reference_sizes = s.reference_sizes;
     auto fam = models::open_family(files, fo);
+    s.recommended = models::read_recommended(files);
     apply_family_defaults(s, *fam);
     check_sampling(s, *fam);
     warn_inapplicable_flags(p, *fam);  // --guidance, --prediction, --vae-tile-size XxY the model does not use
@@ -863,6 +900,7 @@ struct Generator::Impl {
     GenerateParams base;
     Options opt;
     std::unique_ptr<models::Family> fam;
+    models::RecommendedSettings recommended;  ///< the model file's easel.* settings
     ggml_backend_dev_t device = nullptr;
     double open_s = 0;
 
@@ -909,12 +947,14 @@ void Generator::Impl::open_for(Setup& s) {
         auto t0 = Clock::now();
         fam = open_model(s);
         device = s.device;
+        recommended = s.recommended;
         open_s = since(t0);
         return;
     }
     if (const char* flag = differing_model_flag(s.p, base))
         fail(ErrorKind::InvalidInput, "{} of this job differs from the loaded model's; a job on an open model cannot change it", flag);
     s.device = device;
+    s.recommended = recommended;
     apply_family_defaults(s, *fam);
 }
 

@@ -42,7 +42,8 @@ struct GenerateParams {
     /// --guidance was given: a family without a guidance input (Family::uses_guidance) warns once.
     bool guidance_given = false;
     int steps = 20;               ///< --steps
-    /// false: --steps / --cfg-scale were not given and generate uses the family's defaults
+    /// false: --steps / --cfg-scale were not given and generate uses the model file's recommended
+    /// settings (easel.steps / easel.cfg_scale, docs/formats.md) or the family's defaults
     /// (Family::defaults(): Z-Image 8 steps CFG 1, FLUX.2 Klein distilled 4 steps CFG 1 ...);
     /// true (the default for library callers): steps / cfg_scale are used as they are.
     bool steps_given = true, cfg_scale_given = true;
@@ -63,6 +64,10 @@ struct GenerateParams {
 
     // image
     int width = 512, height = 512;  ///< -W/-H in pixels
+    /// false: -W / -H were not given and generate uses the model file's easel.width / easel.height
+    /// when it has them (docs/formats.md), else width / height as they are; true (the default for
+    /// library callers): width / height are used as they are.
+    bool width_given = true, height_given = true;
     int batch_count = 1;            ///< -b
     std::string output = "output.png";  ///< -o (.png, .jpg/.jpeg); printf-style %d allowed for batches
     /// --output-begin-idx (sd-cli): the number of the first image in -o's %d, or in the

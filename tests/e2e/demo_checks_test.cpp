@@ -27,19 +27,16 @@
 //     check, and every prompt's failed checks are printed.
 //   * Every image, passing or not, must fail every negative control (a check run against a wrong
 //     expectation), and each small object must be smaller than its large twin.
-//   * Measured with the shipped model (GPU run 9, models/demo/README.md, 64 in-distribution prompts,
-//     256x256, 20 Euler steps, CFG 5): background 1.00, object colour 0.73, side 1.00, size 0.98 (run 7,
-//     shipped before: side 0.20, at chance; run 9's zero-terminal-SNR schedule fixed it,
-//     tools/demo-model/README.md). With these prompts and seed 1, easel's images (CFG 5) pass 8 of 12
-//     prompts: background 11 of 12 (the large orange ring's image has an orange background), colour 9
-//     (small red circle drawn orange, large green square brown, large purple star grey), side 12, size 12,
-//     both small/large pairs and every negative control right; the GPU run's diffusers images pass 8 of 12
-//     for seed 1 and 31 of 48 for seeds 1-4. The failures are object colours (and one background), the
-//     model's weakest attribute. The shapes themselves are not checked (the issue's checks are colour,
-//     side, background and size); the model draws most of them as blobs.
-//   * CFG: the scale of tests/data/reference/demo/cases.json (5 now; tools/demo-model/adopt_run.sh
-//     brings the one a new run chose).
-// 12 images at 256x256, one thread: about 8-10 s each.
+//   * Settings: none given. The job leaves sampler, scheduler, steps, CFG scale and size to the model file's
+//     recommended settings (its easel.* metadata: Euler, discrete, 20 steps, CFG 3, 256x256), as
+//     `easel -p "..."` does, so this is the issue's "at the default settings"; --rng cpu, seed 1, one thread.
+//   * Measured with the shipped model (GPU run 11, models/demo/README.md, 64 in-distribution prompts, diffusers):
+//     background, colour, shape, side and size 1.00; the 12 test prompts with seeds 1-4 pass every check 48 of
+//     48 (run 9, shipped before: 31 of 48, colour 0.73, shapes drawn as blobs). easel's images of these prompts
+//     (seed 1, same settings, scored by tools/demo-model/score.py, whose bg/colour/side/size this port copies): all
+//     12 pass every check, shapes included (one speck and three frames, on the prompts whose GPU images have them). The test asks for all 12 (the GPU run's figure) minus one for CPU-vs-GPU
+//     rounding: at least 11. (The shapes are scored by tools/demo-model/score.py, not by this port.)
+// 12 images at 256x256, one thread: about 10 s each on a quiet core (UNet 2.43 GFLOP x 40, VAE decoder 73.5 GFLOP).
 #include "pipeline/generate.h"
 #include "pipeline/image_io.h"
 
@@ -360,7 +357,7 @@ TEST(DemoChecksAnalyser, MatchesThePythonAnalysisOfTheReferenceImages) {
     }
 }
 
-// ---- the model test (disabled: see the top of this file) ------------------------------------------------
+// ---- the model test (see the top of this file) ----------------------------------------------------------
 
 const char* const kPrompts[] = {
     "a large red circle in the centre, blue background",      "a small red circle in the centre, blue background",
@@ -374,23 +371,15 @@ constexpr int kSeed = 1;
 
 TEST(DemoChecks, PromptsDrawWhatTheyAsk) {
     const fs::path model = fs::path(EASEL_SOURCE_DIR) / "models" / "demo" / "easel-demo-shapes.safetensors";
-    // the CFG scale the model's parity references were made with: the one its card recommends
-    // (tools/demo-model/train.py --ref-cfg auto picks the best measured one)
-    std::ifstream f(fs::path(EASEL_TEST_DATA) / "reference" / "demo" / "cases.json");
-    ASSERT_TRUE(f);
-    const float cfg = nlohmann::json::parse(f)["cases"][0]["cfg_scale"].get<float>();
     std::vector<Analysis> got;
     int passed = 0;
     for (const char* prompt : kPrompts) {
         easel::pipeline::GenerateParams p;
         p.model = model.string();
         p.prompt = prompt;
-        p.width = p.height = 256;
-        p.steps = 20;
-        p.cfg_scale = cfg;
+        // no sampler, scheduler, steps, CFG or size: the file's recommended settings, as `easel -p` takes them
+        p.steps_given = p.cfg_scale_given = p.width_given = p.height_given = false;
         p.seed = kSeed;
-        p.sampling_method = "euler";
-        p.scheduler = "discrete";
         p.rng = "cpu";
         // one thread: ctest runs two tests at once on CI's 2 cores, and ggml's spinning workers of two
         // processes sharing 2 cores slow each other many times over (it timed out at 600 s beside a build)
@@ -398,6 +387,8 @@ TEST(DemoChecks, PromptsDrawWhatTheyAsk) {
         p.output = (fs::path(testing::TempDir()) / ("easel_demo_checks_" + std::to_string(getpid()) + ".png")).string();
         const auto report = easel::pipeline::generate(p);
         ASSERT_EQ(report.outputs.size(), 1u);
+        ASSERT_EQ(report.width, 256) << "the file's easel.width was not taken";
+        ASSERT_EQ(report.height, 256) << "the file's easel.height was not taken";
         const Analysis a = analyse(easel::pipeline::load_image(report.outputs[0], 3));
         fs::remove(report.outputs[0]);
         got.push_back(a);
@@ -413,7 +404,7 @@ TEST(DemoChecks, PromptsDrawWhatTheyAsk) {
     EXPECT_LT(got[1].area, got[0].area);
     EXPECT_LT(got[2].area, got[3].area);
     std::printf("demo checks: %d of %zu prompts pass every check\n", passed, got.size());
-    EXPECT_GE(passed, 8) << "the issue asks for at least 8 prompts whose images pass every check";
+    EXPECT_GE(passed, 11) << "GPU run 11's images pass every check for all 12 prompts (48 of 48 over seeds 1-4)";
 }
 
 }  // namespace

@@ -331,8 +331,9 @@ TEST(GraphFlops, TaesdDecoderMatchesConfigFormula) {
 // The demo model (models/demo) against its model card, whose figures come from PyTorch's
 // torch.utils.flop_counter.FlopCounterMode on the diffusers modules (tools/demo-model/train.py:
 // convolutions, linears and attention matmuls at 2 FLOPs per multiply-add, the same convention):
-// "UNet 1.66 GFLOP per evaluation (batch 1, 32x32 latent); VAE decoder 25.3 GFLOP" at 256x256.
-// The card rounds to 3 digits; the counts here must fall inside that rounding.
+// "UNet 2.43 GFLOP per evaluation (batch 1, 32x32 latent); VAE decoder 73.5 GFLOP" at 256x256
+// (GPU run 11's log: 2.430 and 73.529). The card rounds to 3 digits; the counts here must fall inside
+// that rounding.
 TEST(GraphFlops, DemoModelMatchesItsModelCard) {
     models::ModelFiles files;
     files.model = (std::filesystem::path(EASEL_SOURCE_DIR) / "models" / "demo" / "easel-demo-shapes.safetensors").string();
@@ -347,7 +348,7 @@ TEST(GraphFlops, DemoModelMatchesItsModelCard) {
     };
     ASSERT_EQ(costs[1].module, placement::PModule::Diffusion);
     ASSERT_EQ(costs[2].module, placement::PModule::Vae);
-    EXPECT_NEAR(total(costs[1]), 1.66e9, 0.005e9);
-    EXPECT_NEAR(total(costs[2]), 25.3e9, 0.05e9);
+    EXPECT_NEAR(total(costs[1]), 2.43e9, 0.005e9);
+    EXPECT_NEAR(total(costs[2]), 73.5e9, 0.05e9);
     expect_sum_of_parts(costs[1], (int)costs[1].block_bytes.size());
 }

@@ -3,9 +3,11 @@
 # the settings the model file recommends (its easel.* metadata: no sampler / CFG / steps flags are given).
 #   tools/demo-model/easel_grid.sh [MODEL] [OUT_DIR]     (defaults: models/demo/easel-demo-shapes.safetensors,
 #                                                          models/demo/samples)
-# Writes OUT_DIR/sample_0..7.png and OUT_DIR/grid.png (2 rows of 4, 128 px tiles) and prints the scorer's
-# reading of each (tools/demo-model/score.py). Needs build/bin/easel and python3 with torch and PIL for the grid
-# and the scorer (Debian: python3-torch python3-pil python3-scipy).
+# Writes OUT_DIR/sample_0..7.png, OUT_DIR/grid.png (2 rows of 4, 128 px tiles) and OUT_DIR/first_command.png (the
+# README's first command: `easel generate -p "a large red circle in the centre, blue background"`, nothing else
+# but the model and output, so seed 42 and the default noise RNG) and prints the scorer's reading of each
+# sample (tools/demo-model/score.py). Needs build/bin/easel (EASEL= another) and python3 (PYTHON= another) with
+# numpy and PIL for the grid, torch and scipy for the scorer (Debian: python3-torch python3-pil python3-scipy).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 model=${1:-$root/models/demo/easel-demo-shapes.safetensors}
@@ -20,10 +22,11 @@ prompts=("a large green star in the centre, white background"
          "a small orange circle on the right, grey background"
          "a large white circle at the bottom, red background"
          "a cyan star on the left, brown background")
+"$easel" generate -m "$model" -p "a large red circle in the centre, blue background" -o "$out/first_command.png" >/dev/null
 for i in "${!prompts[@]}"; do
   "$easel" generate -m "$model" -p "${prompts[$i]}" -W 256 -H 256 -s 1 --rng cpu -o "$out/sample_$i.png" >/dev/null
 done
-python3 - "$out" "${prompts[@]}" <<'PY'
+"${PYTHON:-python3}" - "$out" "${prompts[@]}" <<'PY'
 import sys, os
 import numpy as np
 from PIL import Image
