@@ -216,4 +216,31 @@ std::vector<placement::ModulePlan> FamilyBase::plan_placement(int64_t h, int64_t
     return plans;
 }
 
+void FamilyBase::set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode) {
+    std::vector<lora::LoraRequest> reqs;
+    for (const auto& l : loras) reqs.push_back(l.request);
+    std::string key = lora::lora_set_key(reqs, mode);
+    if (key == lora_key_) return;
+    std::map<std::string, std::shared_ptr<const lora::ComponentPatches>> patches;
+    if (!loras.empty()) {
+        lora::KeyMap km;
+        const lora::ModelInfo info = lora_targets(km);
+        patches = lora::build_patches(km, loras, info, mode);
+    }
+    // modules loaded with the old set load again with the new one
+    modules_.unload(Module::Te);
+    modules_.unload(Module::Diffusion);
+    lora_patches_ = std::move(patches);
+    lora_key_ = std::move(key);
+}
+
+lora::ModelInfo FamilyBase::lora_targets(lora::KeyMap&) {
+    fail(ErrorKind::Unsupported, "{} takes no LoRAs in this build: remove --lora / <lora:...> (or give weight 0)", name());
+}
+
+std::shared_ptr<const nn::WeightPatches> FamilyBase::lora_patches(const std::string& component) const {
+    auto it = lora_patches_.find(component);
+    return it == lora_patches_.end() ? nullptr : it->second;
+}
+
 }  // namespace easel::models

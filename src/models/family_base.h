@@ -54,8 +54,20 @@ public:
     std::vector<placement::ModulePlan> plan_placement(int64_t h, int64_t w) final;
     std::vector<placement::ModulePlan> placement_plans() const final { return modules_.plans(); }
     std::map<std::string, uint64_t> placement_peaks() const final { return modules_.peaks(); }
+    /// Maps the LoRAs onto the family's weights (lora_targets, build_patches) and unloads te and
+    /// diffusion when the set changed; see Family::set_loras.
+    void set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode) final;
 
 protected:
+    /// The family's LoRA targets: adds its diffusion model and each text encoder to `km` as
+    /// KeyMap components (lora/targets.h, from the Block trees of the configurations read at
+    /// open; headers only) and returns the model's description for lora::check_fit. The default
+    /// throws Error(Unsupported).
+    virtual lora::ModelInfo lora_targets(lora::KeyMap& km);
+    /// The patches of KeyMap component `component` ("unet", "dit", "clip_l", "t5xxl", "qwen3" ...)
+    /// for the module's nn::LoadOptions::patches; null when no LoRA patches it.
+    std::shared_ptr<const nn::WeightPatches> lora_patches(const std::string& component) const;
+
     /// Keeps the files and options and parses --type (Error(InvalidInput) for a bad one).
     FamilyBase(const ModelFiles& files, const FamilyOptions& opt);
 
@@ -138,6 +150,8 @@ protected:
     ModuleSet modules_;
 
 private:
+    std::map<std::string, std::shared_ptr<const lora::ComponentPatches>> lora_patches_;
+    std::string lora_key_;  ///< lora::lora_set_key of the set in lora_patches_
     struct DecoderWhole;  ///< the KL decoder or a TAESD decoder, loaded whole
     struct EncoderWhole;  ///< the KL encoder, loaded whole
     VaeSetup vae_;

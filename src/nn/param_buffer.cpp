@@ -3,6 +3,7 @@
 // Kept apart from block.cpp so that code which only declares blocks (and tests that build
 // parameters by hand) does not need the weight-file readers.
 #include "nn/block.h"
+#include "nn/weight_patch.h"
 
 #include "core/error.h"
 
@@ -247,6 +248,7 @@ uint64_t param_bytes(const Block& root, const TensorSource& src, const LoadOptio
         for (auto d : p.shape) n *= d;
         const int64_t ne0 = p.shape.empty() ? 1 : p.shape.back();
         total += (uint64_t)ggml_row_size(type, ne0) * (uint64_t)(n / std::max<int64_t>(ne0, 1));
+        if (opt.patches) total += opt.patches->runtime_bytes(name, p.role, type, false);
     });
     return total;
 }
@@ -262,7 +264,7 @@ ParamBuffer::~ParamBuffer() {
     if (ctx_) ggml_free(ctx_);
 }
 
-ParamBuffer::ParamBuffer(ParamBuffer&& o) noexcept : ctx_(o.ctx_), buf_(o.buf_) {
+ParamBuffer::ParamBuffer(ParamBuffer&& o) noexcept : ctx_(o.ctx_), buf_(o.buf_), updates_(std::move(o.updates_)) {
     o.ctx_ = nullptr;
     o.buf_ = nullptr;
 }
@@ -273,6 +275,7 @@ ParamBuffer& ParamBuffer::operator=(ParamBuffer&& o) noexcept {
         if (ctx_) ggml_free(ctx_);
         ctx_ = o.ctx_;
         buf_ = o.buf_;
+        updates_ = std::move(o.updates_);
         o.ctx_ = nullptr;
         o.buf_ = nullptr;
     }
@@ -333,8 +336,10 @@ ParamBuffer ParamBuffer::load(Block& root, const TensorSource& src, ggml_backend
     return load_subset(root, src, buft, opt, {});
 }
 
-void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst) {
+void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst,
+                const WeightPatches* patches, bool row_split) {
     const TensorSource::Derived* d = src.derived(name);
+    const bool merge = patches && patches->how(name, p.role, dst->type, row_split) == WeightPatches::How::Merge;
     if (d && d->transpose) {
         const io::TensorInfo* st = src.index().find(d->stored);
         std::vector<float> v = src.index().read_f32(*st);
@@ -342,11 +347,20 @@ void read_param(const TensorSource& src, const std::string& name, const Param& p
         std::vector<float> tr(v.size());
         for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < cols; ++j) tr[j * rows + i] = v[i * cols + j];
+        if (merge) patches->merge(name, tr);
         fill_from_f32(dst, tr);
         return;
     }
     io::TensorInfo in = info;
     in.shape = p.shape;  // shapes may differ by size-1 dims only (checked by bind)
+    if (merge) {
+        // F32 values, the update added, then the parameter's type (F16/BF16 rounded as ggml's
+        // converters, quantised types re-quantised)
+        std::vector<float> v = src.index().read_f32(in);
+        patches->merge(name, v);
+        fill_from_f32(dst, v);
+        return;
+    }
     src.index().load_into(in, dst);
 }
 
@@ -356,20 +370,47 @@ ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_
     if (std::string m = r.message(src); !m.empty()) fail(ErrorKind::ModelMismatch, "{}", m);
     if (keep) std::erase_if(r.bound, [&](const Bound& b) { return !keep(b.name, *b.param); });
 
-    ParamBuffer pb;
-    pb.ctx_ = new_param_ctx(r.bound.size());
-    std::vector<std::pair<ggml_tensor*, const Bound*>> todo;
+    // run-time updates (weight_patch.h): their tensors live in this buffer beside the weight, so
+    // they are placed, freed and moved with it
+    struct Rt {
+        const Bound* b;
+        std::vector<UpdateTensor> host;
+        std::vector<ggml_tensor*> tensors;
+    };
+    std::vector<Rt> rts;
+    const WeightPatches* patches = opt.patches.get();
+    std::vector<std::pair<ggml_type, const Bound*>> types;
+    size_t n_updates = 0;
     for (auto& b : r.bound) {
         b.param->tensor = nullptr;
+        b.param->runtime = nullptr;
         if (!b.info) continue;  // optional and absent
-        ggml_type t = choose_param_type(b.param->role, *b.info, opt);
-        ggml_tensor* tt = new_param_tensor(pb.ctx_, t, b.param->shape, b.name);
-        todo.emplace_back(tt, &b);
+        const ggml_type t = choose_param_type(b.param->role, *b.info, opt);
+        types.emplace_back(t, &b);
+        if (patches && patches->how(b.name, b.param->role, t, false) == WeightPatches::How::Runtime) {
+            rts.push_back(Rt{&b, patches->runtime_tensors(b.name), {}});
+            n_updates += rts.back().host.size();
+        }
     }
+
+    ParamBuffer pb;
+    pb.ctx_ = new_param_ctx(r.bound.size() + n_updates);
+    std::vector<std::pair<ggml_tensor*, const Bound*>> todo;
+    for (auto& [t, b] : types) todo.emplace_back(new_param_tensor(pb.ctx_, t, b->param->shape, b->name), b);
+    for (auto& rt : rts)
+        for (size_t i = 0; i < rt.host.size(); ++i) {
+            rt.tensors.push_back(ggml_new_tensor(pb.ctx_, GGML_TYPE_F32, 4, rt.host[i].ne.data()));
+            ggml_set_name(rt.tensors.back(), fmt::format("{}.update{}", rt.b->name, i).c_str());
+        }
     alloc_buffer(pb.ctx_, buft, pb.buf_);
     for (auto& [tensor, b] : todo) {
-        read_param(src, b->name, *b->param, *b->info, tensor);
+        read_param(src, b->name, *b->param, *b->info, tensor, patches, false);
         b->param->tensor = tensor;
+    }
+    for (auto& rt : rts) {
+        for (size_t i = 0; i < rt.host.size(); ++i) fill_from_f32(rt.tensors[i], rt.host[i].data);
+        pb.updates_.push_back(patches->runtime(rt.b->name, rt.tensors));
+        rt.b->param->runtime = pb.updates_.back().get();
     }
     return pb;
 }

@@ -266,9 +266,11 @@ void RowSplitDevice::load(nn::Block& root, const nn::TensorSource& src, const nn
             ~Free() { ggml_free(c); }
         } free_hc{hc};
         ggml_tensor* h = ggml_new_tensor(hc, td.t->type, 4, td.t->ne);
-        nn::read_param(src, td.name, *td.p, *td.info, h);
+        // (a LoRA patches the meta buffer's parameters merged: no run-time terms on the meta device)
+        nn::read_param(src, td.name, *td.p, *td.info, h, opt.patches.get(), true);
         ggml_backend_tensor_set(td.t, h->data, 0, nbytes);
         td.p->tensor = td.t;
+        td.p->runtime = nullptr;
     }
 }
 

@@ -82,8 +82,15 @@ public:
     bool is_inpaint() const { return ucfg_.in_channels == 9; }
     bool uses_taesd() const { return decodes_with_taesd(); }
 
+protected:
+    /// The UNet ("unet") and the CLIP text encoder ("clip_l" / "openclip_h", te 0); the model is
+    /// described by its cross-attention (context) width.
+    lora::ModelInfo lora_targets(lora::KeyMap& km) override;
+
 private:
     StableDiffusion(const ModelFiles& files, const FamilyOptions& opt);
+    /// The KeyMap component name of the text encoder: "openclip_h" (SD2.x), else "clip_l".
+    std::string te_lora_component() const { return is_sd2() ? "openclip_h" : "clip_l"; }
 
     /// Registers the module slots (te: the CLIP text encoder for one 77-token window at the
     /// default clip skip when costed; diffusion: the UNet for a batch-1 evaluation with a

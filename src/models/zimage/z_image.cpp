@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
+#include "lora/targets.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3_row_split.h"
 #include "models/zimage/z_image_row_split.h"
@@ -51,7 +52,8 @@ struct TeModel {
     std::unique_ptr<nn::TensorSource> src;
     std::unique_ptr<TeSeq> seq;
     nn::LoadOptions lo;
-    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& full, ggml_type weight_type) {
+    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& full, ggml_type weight_type,
+            std::shared_ptr<const nn::WeightPatches> patches) {
         qwen3::Qwen3Overrides ov;
         ov.layers = (int)full.layers - 1;
         cfg = qwen3::infer_config(ti, keys, ov);
@@ -60,6 +62,7 @@ struct TeModel {
         seq = std::make_unique<TeSeq>(*net, [](nn::Ctx&, qwen3::Qwen3State st) { return st.h; });
         lo = qwen3::default_load_options(keys, cfg, ti);
         lo.weight_type = weight_type;
+        lo.patches = std::move(patches);
     }
 };
 
@@ -251,6 +254,20 @@ const text::QwenTokenizer& ZImage::tokenizer() const {
     return *own_tokenizer_;
 }
 
+lora::ModelInfo ZImage::lora_targets(lora::KeyMap& km) {
+    ZImageDiT dit(dcfg_);
+    lora::add_zimage_targets(km, dit, dcfg_);
+    if (!te_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        (void)te_headers(own, keys, qc);
+        qwen3::Qwen3Model q(qc);
+        lora::add_qwen3_targets(km, 0, q, qc);
+    }
+    return {"Z-Image", dcfg_.dim, "hidden"};
+}
+
 void ZImage::add_modules() {
     // te: Qwen3; the context is hidden_states[-2]
     ModuleSlot<qwen3::Qwen3TextEncoder, PlacedTe>::Hooks th;
@@ -264,6 +281,7 @@ void ZImage::add_modules() {
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
         ro.weight_type = weight_type_;
+        ro.patches = lora_patches("qwen3");
         ro.flash_attn = opt_.flash_attn_te;
         return std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
     };
@@ -273,7 +291,7 @@ void ZImage::add_modules() {
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(p->own, keys, qc);
         te_desc_ = fmt::format("Qwen3 hidden {} x {} layers", qc.hidden, qc.layers);
-        p->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_);
+        p->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_, lora_patches("qwen3"));
         TeModel& tm = *p->model;
         p->placed = std::make_unique<runtime::PlacedSequence<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>>(
             *tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads, opt_.flash_attn_te);
@@ -300,7 +318,7 @@ void ZImage::add_modules() {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(k->own, keys, qc);
-        k->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_);
+        k->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_, lora_patches("qwen3"));
         k->ids.assign((size_t)L, 0);
         k->pos = qwen3::positions(L);
         Keep* kp = k.get();
@@ -327,6 +345,7 @@ void ZImage::add_modules() {
         lo.threads = opt_.threads;
         lo.flash_attn = opt_.flash_attn_diffusion;
         lo.weight_type = weight_type_;
+        lo.patches = lora_patches("dit");
         if (const nlohmann::json* dc = dit_idx_->config()) lo.overrides = overrides_from_config_json(*dc);
         return LoadedZImageDiT::load(*dit_idx_, lo);
     };
@@ -338,6 +357,7 @@ void ZImage::add_modules() {
         p->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
         nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
         lo.weight_type = weight_type_;
+        lo.patches = lora_patches("dit");
         p->placed = std::make_unique<DiTPlaced>(*p->net, *p->net, *p->src, lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
                                                 opt_.flash_attn_diffusion);
         // --split-mode row: the DiT's main layers on ggml's meta device (placement/row_split.h)
@@ -365,6 +385,7 @@ void ZImage::add_modules() {
         k->cap.resize((size_t)(L * dcfg_.cap_feat_dim));
         nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
         lo.weight_type = weight_type_;
+        lo.patches = lora_patches("dit");
         return std::vector<placement::ModuleCosts>{runtime::self_contained_costs<ZImageInputs, ZImageState, ggml_tensor*>(
             placement::PModule::Diffusion, k, *k->net, *k->net, *k->src, lo, opt_.threads, opt_.flash_attn_diffusion,
             dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L),
