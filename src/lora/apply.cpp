@@ -193,20 +193,13 @@ std::unique_ptr<nn::RuntimeUpdate> ComponentPatches::runtime(const std::string& 
     return u;
 }
 
-uint64_t ComponentPatches::runtime_bytes(const std::string& name, nn::ParamRole role, ggml_type type, bool row_split) const {
-    if (how(name, role, type, row_split) != How::Runtime) return 0;
-    uint64_t n = 0;
-    for (const Entry& e : by_weight_.at(name)) {
-        const int64_t rows = e.target.shape[0], re = e.target.row_elems();
-        if (e.low_rank()) {
-            const Patch& p = e.p();
-            const int64_t r = p.rank > 0 ? p.rank : e.file->index().find(p.down)->shape[0];
-            n += (uint64_t)(re + rows) * (uint64_t)r;
-        } else {
-            n += (uint64_t)re * (uint64_t)rows;
-        }
-    }
-    return n * sizeof(float);
+std::vector<std::string> ComponentPatches::names() const {
+    std::vector<std::string> v;
+    for (const auto& [n, e] : by_weight_) v.push_back(n);
+    for (const auto& [n, e] : by_bias_)
+        if (!by_weight_.count(n)) v.push_back(n);
+    std::sort(v.begin(), v.end());
+    return v;
 }
 
 std::vector<OpenedLora> open_loras(const std::vector<LoraRequest>& requests) {

@@ -1,7 +1,8 @@
 // Applying a job's LoRAs to a model: the patches of each loaded module (a KeyMap component) as
-// an nn::WeightPatches, which the family puts in the module's nn::LoadOptions. nn::read_param
-// then merges them into the weights at load, or ParamBuffer binds them as run-time terms that
-// nn::weight_matmul adds beside each patched matmul (nn/weight_patch.h, docs/lora.md).
+// an nn::WeightPatches, which the family registers under the stored tensors its modules load
+// (models::FamilyBase::set_loras, nn::register_patches). nn::read_param then merges them into the
+// weights at load, or ParamBuffer binds them as run-time terms that nn::weight_matmul adds beside
+// each patched matmul (nn/weight_patch.h, docs/lora.md).
 //
 // Which form a weight gets (--lora-apply-mode, sd.cpp's meanings):
 //   immediately  merged at load (a quantised weight is dequantised, patched, re-quantised: one
@@ -44,7 +45,8 @@ public:
     void merge(const std::string& name, std::span<float> values) const override;
     std::vector<nn::UpdateTensor> runtime_tensors(const std::string& name) const override;
     std::unique_ptr<nn::RuntimeUpdate> runtime(const std::string& name, std::span<ggml_tensor* const> tensors) const override;
-    uint64_t runtime_bytes(const std::string& name, nn::ParamRole role, ggml_type type, bool row_split) const override;
+    /// The canonical names of the patched weights and biases, sorted.
+    std::vector<std::string> names() const;
 
 private:
     struct Entry {

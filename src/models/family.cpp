@@ -36,10 +36,6 @@ void Family::check_reference_image(int, int) const {
     fail(ErrorKind::Unsupported, "{} takes no reference images (-r/--ref-image is for edit models such as FLUX.2 Klein)", name());
 }
 
-void Family::set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode) {
-    if (!loras.empty()) fail(ErrorKind::Unsupported, "{} takes no LoRAs in this build: remove --lora / <lora:...> (or give weight 0)", name());
-}
-
 namespace {
 
 using Opener = std::function<std::unique_ptr<Family>(const ModelFiles&, const FamilyOptions&)>;

@@ -15,7 +15,6 @@
 // shape comments: a latent [C, h, w] has w fastest; a context [L, D] has D fastest.
 #pragma once
 
-#include "lora/apply.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/host_tensor.h"
 #include "placement/plan.h"
@@ -235,14 +234,6 @@ public:
     /// The plans in use and the measured peak bytes per device since loading (empty when none).
     virtual std::vector<placement::ModulePlan> placement_plans() const { return {}; }
     virtual std::map<std::string, uint64_t> placement_peaks() const { return {}; }
-
-    /// The job's LoRAs (lora/apply.h; the active ones, opened) and --lora-apply-mode: from the
-    /// next load on, the te and diffusion modules load with them (merged into the weights or as
-    /// run-time terms, per weight); modules loaded with another set are unloaded. An empty list
-    /// removes them. Nothing is loaded here: the files are mapped onto the model's weights from
-    /// the headers. Throws Error(ModelMismatch) for a LoRA made for another family or size
-    /// (lora::check_fit), Error(Unsupported) for a family that takes no LoRAs.
-    virtual void set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode);
 
     /// Leaves the text encoders out of placement_costs (and so of plan_placement and the
     /// pre-run memory check): set when the job's conditioning comes from the cache or

@@ -24,9 +24,6 @@
 
 namespace easel::nn {
 
-class RuntimeUpdate;
-class WeightPatches;
-
 /// What a parameter is; decides the type it is kept in on load.
 enum class ParamRole {
     Weight,      ///< matmul weight: kept in the stored type (F16/BF16/quantised) or --type
@@ -43,9 +40,6 @@ struct Param {
     ParamRole role = ParamRole::Weight;
     bool optional = false;       ///< absent in the file is not an error (tensor stays nullptr)
     ggml_tensor* tensor = nullptr;
-    /// A term weight_matmul adds beside this weight (a LoRA at run time, weight_patch.h); set by
-    /// ParamBuffer::load / load_subset with the tensor, owned by the same ParamBuffer.
-    const RuntimeUpdate* runtime = nullptr;
 };
 
 /// Base of every module. Non-copyable; children are owned.
@@ -138,9 +132,6 @@ struct LoadOptions {
     std::vector<std::string> ignore_unexpected_suffixes;
     /// Report stored tensors under the prefix that no parameter uses.
     bool check_unexpected = true;
-    /// Changes to the weights as they load (a LoRA set, weight_patch.h): merged into a
-    /// parameter's values in read_param, or bound as a run-time term (Param::runtime). Null: none.
-    std::shared_ptr<const WeightPatches> patches;
 };
 
 /// Owns the ggml context and backend buffer holding the parameters of one Block subtree.
@@ -181,7 +172,6 @@ public:
 private:
     ggml_context* ctx_ = nullptr;
     ggml_backend_buffer_t buf_ = nullptr;
-    std::vector<std::shared_ptr<const RuntimeUpdate>> updates_;  ///< the run-time terms bound to parameters
 };
 
 /// Reads the stored values of parameter `name` of a tree (declared as `p`, bound by `src` to the
@@ -191,13 +181,9 @@ private:
 /// read from a file, whatever the module and the placement (ParamBuffer::load / load_subset for
 /// whole modules and every segment residency, placement::RowSplitDevice for the meta device's
 /// buffers): a weight patch merged at load (a LoRA's scale B A added to W) is applied here.
-/// `patches` (LoadOptions::patches, may be null): when it says How::Merge for the parameter (at
-/// dst's type; `row_split` for the meta device's buffers), the values are read as F32, the update
-/// added and the sum converted to dst's type.
 /// Throws as io::WeightIndex::load_into / read_f32, Error(Unsupported) for a quantised type
 /// that needs an importance matrix.
-void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst,
-                const WeightPatches* patches = nullptr, bool row_split = false);
+void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst);
 
 /// Checks a Block tree against a source without loading: returns an empty string when
 /// everything matches, else the one-line description ParamBuffer::load() would throw.

@@ -22,7 +22,8 @@ void need_tensor(const Param* p, const char* what) {
 
 ggml_tensor* weight_matmul(Ctx& c, const Param& p, ggml_tensor* w, ggml_tensor* x, int64_t row_begin, WeightSide side) {
     ggml_tensor* y = side == WeightSide::First ? ggml_mul_mat(c.ctx, w, x) : ggml_mul_mat(c.ctx, x, w);
-    if (p.runtime) y = p.runtime->apply(c.ctx, x, y, row_begin, w->ne[1], side == WeightSide::First);
+    // a run-time term bound to the weight (weight_patch.h: a LoRA's s B (A x)), for the rows w holds
+    if (const RuntimeUpdate* u = runtime_update(p)) y = u->apply(c.ctx, x, y, row_begin, w->ne[1], side == WeightSide::First);
     return y;
 }
 

@@ -30,9 +30,8 @@ enum class WeightSide {
 /// [row_begin, row_begin + N) (FLUX's fused projections are read as row views). Every Linear,
 /// Conv2d (1x1 and im2col), the UNet's and the VAE's attention projections and the FLUX row
 /// views go through it, for every module and placement (whole, layer split, row split on the
-/// meta device, streamed, from disk): a run-time term bound to `p` (Param::runtime: a LoRA's
-/// s B (A x), weight_patch.h) is added to the product here, for the rows `w` holds. Throws
-/// nothing itself (ggml validates the shapes its callers checked).
+/// meta device, streamed, from disk): a runtime low-rank term keyed by `p` (LoRA's B (A x)) is
+/// added here. Throws nothing itself (ggml validates the shapes its callers checked).
 ggml_tensor* weight_matmul(Ctx& c, const Param& p, ggml_tensor* w, ggml_tensor* x, int64_t row_begin = 0, WeightSide side = WeightSide::First);
 
 /// torch.nn.Linear: y = x W^T + b. weight [out, in], bias [out]. x: ne = {in, ...}.

@@ -248,7 +248,6 @@ uint64_t param_bytes(const Block& root, const TensorSource& src, const LoadOptio
         for (auto d : p.shape) n *= d;
         const int64_t ne0 = p.shape.empty() ? 1 : p.shape.back();
         total += (uint64_t)ggml_row_size(type, ne0) * (uint64_t)(n / std::max<int64_t>(ne0, 1));
-        if (opt.patches) total += opt.patches->runtime_bytes(name, p.role, type, false);
     });
     return total;
 }
@@ -260,22 +259,23 @@ std::string check_binding(Block& root, const TensorSource& src, const LoadOption
 // ---------------------------------------------------------------- ParamBuffer
 
 ParamBuffer::~ParamBuffer() {
+    detail::forget_runtime(buf_);  // the run-time updates of its parameters go with it
     if (buf_) ggml_backend_buffer_free(buf_);
     if (ctx_) ggml_free(ctx_);
 }
 
-ParamBuffer::ParamBuffer(ParamBuffer&& o) noexcept : ctx_(o.ctx_), buf_(o.buf_), updates_(std::move(o.updates_)) {
+ParamBuffer::ParamBuffer(ParamBuffer&& o) noexcept : ctx_(o.ctx_), buf_(o.buf_) {
     o.ctx_ = nullptr;
     o.buf_ = nullptr;
 }
 
 ParamBuffer& ParamBuffer::operator=(ParamBuffer&& o) noexcept {
     if (this != &o) {
+        detail::forget_runtime(buf_);
         if (buf_) ggml_backend_buffer_free(buf_);
         if (ctx_) ggml_free(ctx_);
         ctx_ = o.ctx_;
         buf_ = o.buf_;
-        updates_ = std::move(o.updates_);
         o.ctx_ = nullptr;
         o.buf_ = nullptr;
     }
@@ -336,10 +336,12 @@ ParamBuffer ParamBuffer::load(Block& root, const TensorSource& src, ggml_backend
     return load_subset(root, src, buft, opt, {});
 }
 
-void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst,
-                const WeightPatches* patches, bool row_split) {
+void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst) {
+    // a weight patch registered for this stored tensor (weight_patch.h: a LoRA merged at load)
+    const std::optional<FoundPatch> patch = find_patch(src.index(), info);
+    const bool merge =
+        patch && patch->patches->how(patch->name, p.role, dst->type, detail::row_split_reading()) == WeightPatches::How::Merge;
     const TensorSource::Derived* d = src.derived(name);
-    const bool merge = patches && patches->how(name, p.role, dst->type, row_split) == WeightPatches::How::Merge;
     if (d && d->transpose) {
         const io::TensorInfo* st = src.index().find(d->stored);
         std::vector<float> v = src.index().read_f32(*st);
@@ -347,7 +349,7 @@ void read_param(const TensorSource& src, const std::string& name, const Param& p
         std::vector<float> tr(v.size());
         for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < cols; ++j) tr[j * rows + i] = v[i * cols + j];
-        if (merge) patches->merge(name, tr);
+        if (merge) patch->patches->merge(patch->name, tr);
         fill_from_f32(dst, tr);
         return;
     }
@@ -357,12 +359,60 @@ void read_param(const TensorSource& src, const std::string& name, const Param& p
         // F32 values, the update added, then the parameter's type (F16/BF16 rounded as ggml's
         // converters, quantised types re-quantised)
         std::vector<float> v = src.index().read_f32(in);
-        patches->merge(name, v);
+        patch->patches->merge(patch->name, v);
         fill_from_f32(dst, v);
         return;
     }
     src.index().load_into(in, dst);
 }
+
+namespace {
+
+/// The run-time updates (weight_patch.h) of the parameters just loaded into `owner`: their
+/// tensors in one more buffer of `buft` (the weight's device), bound to each parameter until
+/// `owner` is freed. Parameters without one lose any update an earlier load bound.
+void bind_runtime_updates(ggml_backend_buffer_t owner, ggml_backend_buffer_type_t buft, const TensorSource& src,
+                          const std::vector<std::pair<ggml_tensor*, const Bound*>>& todo) {
+    struct Rt {
+        const Bound* b;
+        FoundPatch patch;
+        std::vector<UpdateTensor> host;
+        std::vector<ggml_tensor*> tensors;
+    };
+    std::vector<Rt> rts;
+    size_t n = 0;
+    for (auto& [tensor, b] : todo) {
+        detail::unbind_runtime(b->param);
+        std::optional<FoundPatch> f = find_patch(src.index(), *b->info);
+        if (!f || f->patches->how(f->name, b->param->role, tensor->type, false) != WeightPatches::How::Runtime) continue;
+        rts.push_back(Rt{b, *f, f->patches->runtime_tensors(f->name), {}});
+        n += rts.back().host.size();
+    }
+    if (rts.empty() || !owner) return;
+    struct Keep {
+        ggml_context* ctx = nullptr;
+        ggml_backend_buffer_t buf = nullptr;
+        ~Keep() {
+            if (buf) ggml_backend_buffer_free(buf);
+            if (ctx) ggml_free(ctx);
+        }
+    };
+    auto keep = std::make_shared<Keep>();
+    keep->ctx = new_param_ctx(n);
+    for (auto& rt : rts)
+        for (size_t i = 0; i < rt.host.size(); ++i) {
+            rt.tensors.push_back(ggml_new_tensor(keep->ctx, GGML_TYPE_F32, 4, rt.host[i].ne.data()));
+            ggml_set_name(rt.tensors.back(), fmt::format("{}.update{}", rt.b->name, i).c_str());
+        }
+    alloc_buffer(keep->ctx, buft, keep->buf);
+    for (auto& rt : rts) {
+        for (size_t i = 0; i < rt.host.size(); ++i) fill_from_f32(rt.tensors[i], rt.host[i].data);
+        detail::bind_runtime(rt.b->param, std::shared_ptr<const RuntimeUpdate>(rt.patch.patches->runtime(rt.patch.name, rt.tensors)), owner,
+                             keep);
+    }
+}
+
+}  // namespace
 
 ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
                                      const LoadOptions& opt, const ParamFilter& keep) {
@@ -370,48 +420,22 @@ ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_
     if (std::string m = r.message(src); !m.empty()) fail(ErrorKind::ModelMismatch, "{}", m);
     if (keep) std::erase_if(r.bound, [&](const Bound& b) { return !keep(b.name, *b.param); });
 
-    // run-time updates (weight_patch.h): their tensors live in this buffer beside the weight, so
-    // they are placed, freed and moved with it
-    struct Rt {
-        const Bound* b;
-        std::vector<UpdateTensor> host;
-        std::vector<ggml_tensor*> tensors;
-    };
-    std::vector<Rt> rts;
-    const WeightPatches* patches = opt.patches.get();
-    std::vector<std::pair<ggml_type, const Bound*>> types;
-    size_t n_updates = 0;
+    ParamBuffer pb;
+    pb.ctx_ = new_param_ctx(r.bound.size());
+    std::vector<std::pair<ggml_tensor*, const Bound*>> todo;
     for (auto& b : r.bound) {
         b.param->tensor = nullptr;
-        b.param->runtime = nullptr;
         if (!b.info) continue;  // optional and absent
-        const ggml_type t = choose_param_type(b.param->role, *b.info, opt);
-        types.emplace_back(t, &b);
-        if (patches && patches->how(b.name, b.param->role, t, false) == WeightPatches::How::Runtime) {
-            rts.push_back(Rt{&b, patches->runtime_tensors(b.name), {}});
-            n_updates += rts.back().host.size();
-        }
+        ggml_type t = choose_param_type(b.param->role, *b.info, opt);
+        ggml_tensor* tt = new_param_tensor(pb.ctx_, t, b.param->shape, b.name);
+        todo.emplace_back(tt, &b);
     }
-
-    ParamBuffer pb;
-    pb.ctx_ = new_param_ctx(r.bound.size() + n_updates);
-    std::vector<std::pair<ggml_tensor*, const Bound*>> todo;
-    for (auto& [t, b] : types) todo.emplace_back(new_param_tensor(pb.ctx_, t, b->param->shape, b->name), b);
-    for (auto& rt : rts)
-        for (size_t i = 0; i < rt.host.size(); ++i) {
-            rt.tensors.push_back(ggml_new_tensor(pb.ctx_, GGML_TYPE_F32, 4, rt.host[i].ne.data()));
-            ggml_set_name(rt.tensors.back(), fmt::format("{}.update{}", rt.b->name, i).c_str());
-        }
     alloc_buffer(pb.ctx_, buft, pb.buf_);
     for (auto& [tensor, b] : todo) {
-        read_param(src, b->name, *b->param, *b->info, tensor, patches, false);
+        read_param(src, b->name, *b->param, *b->info, tensor);
         b->param->tensor = tensor;
     }
-    for (auto& rt : rts) {
-        for (size_t i = 0; i < rt.host.size(); ++i) fill_from_f32(rt.tensors[i], rt.host[i].data);
-        pb.updates_.push_back(patches->runtime(rt.b->name, rt.tensors));
-        rt.b->param->runtime = pb.updates_.back().get();
-    }
+    bind_runtime_updates(pb.buf_, buft, src, todo);
     return pb;
 }
 

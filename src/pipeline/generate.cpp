@@ -5,9 +5,11 @@
 #include "core/platform.h"
 #include "core/strings.h"
 #include "easel_version.h"
+#include "lora/apply.h"
 #include "lora/lora_file.h"
 #include "lora/request.h"
 #include "models/family.h"
+#include "models/family_base.h"
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
@@ -126,10 +128,10 @@ void check_loras(Setup& s) {
     }
 }
 
-/// The job's LoRAs onto the open model (Family::set_loras): their values checked, their fit to
+/// The job's LoRAs onto the open model (models::set_loras): their values checked, their fit to
 /// the model checked, modules loaded with another set unloaded.
 void apply_loras(const Setup& s, models::Family& fam) {
-    fam.set_loras(lora::open_loras(s.loras), lora::parse_apply_mode(s.p.lora_apply_mode));
+    models::set_loras(fam, lora::open_loras(s.loras), lora::parse_apply_mode(s.p.lora_apply_mode));
 }
 
 /// Frees module m after its stage, unless the job runs on a Generator that keeps its modules.

@@ -1,6 +1,8 @@
 // SegmentExecutor (see sequence_runner.h).
 #include "runtime/sequence_runner.h"
 
+#include "nn/weight_patch.h"
+
 #include "core/log.h"
 #include "placement/devices.h"
 
@@ -11,6 +13,20 @@
 namespace easel::runtime {
 
 namespace {
+
+/// Run-time LoRA terms (nn/weight_patch.h) live in a buffer of the type load_subset was given: host
+/// memory for weights kept in RAM or read from disk, which only a CPU device reads in its graphs.
+/// Throws Error(Unsupported) when a parameter of `params` has one and `dev` is not a CPU device.
+void refuse_host_runtime_terms(const std::vector<nn::Param*>& params, const std::unordered_map<const nn::Param*, std::string>& names,
+                               ggml_backend_dev_t dev, const std::string& device) {
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) return;
+    for (const nn::Param* p : params)
+        if (nn::runtime_update(*p))
+            fail(ErrorKind::Unsupported,
+                 "{}: a LoRA at run time on weights kept in RAM or on disk for {} is not supported yet; use --lora-apply-mode "
+                 "immediately (merged at load) or keep the module's weights on the device",
+                 names.at(p), device);
+}
 
 uint64_t param_size(const nn::TensorSource& src, const std::string& name, const nn::Param& p, const nn::LoadOptions& opt) {
     const io::TensorInfo* t = src.find(name);
@@ -253,7 +269,7 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
             if (ggml_backend_dev_type(pdev) == GGML_BACKEND_DEVICE_TYPE_CPU) hb = ggml_backend_dev_host_buffer_type(d.dev);
             if (!hb) hb = ggml_backend_dev_buffer_type(pdev);
             s.own = nn::ParamBuffer::load_subset(root_, src_, hb, opt_, filter);
-            refuse_host_runtime_terms(s, d);
+            refuse_host_runtime_terms(s.params, names_, d.dev, d.name);
             record();
             if (s.own.buffer() && ggml_backend_buffer_is_host(s.own.buffer())) {
                 host_now_ += s.own.size();
@@ -467,7 +483,7 @@ void SegmentExecutor::read_from_disk(Seg& s) {
     host_now_ += s.transient.size();
     host_peak_ = std::max(host_peak_, host_now_);
     ++disk_reads_;
-    refuse_host_runtime_terms(s, device(s.plan.device));
+    refuse_host_runtime_terms(s.params, names_, device(s.plan.device).dev, s.plan.device);
     // load_subset bound each parameter to its host tensor: those are the upload sources
     size_t k = 0;
     for (auto& [p, tw] : s.bind) {
@@ -478,18 +494,6 @@ void SegmentExecutor::read_from_disk(Seg& s) {
                  h ? ggml_type_name(h->type) : "absent", ggml_type_name(tw->type), ggml_nbytes(tw));
         s.copies.at(k++).second = p->tensor;
     }
-}
-
-void SegmentExecutor::refuse_host_runtime_terms(const Seg& s, const Device& d) const {
-    // run-time LoRA terms (nn::Param::runtime) live in the buffer load_subset made: in host
-    // memory for these residencies, which only a CPU device reads in its graphs
-    if (ggml_backend_dev_type(d.dev) == GGML_BACKEND_DEVICE_TYPE_CPU) return;
-    for (auto* p : s.params)
-        if (p->runtime)
-            fail(ErrorKind::Unsupported,
-                 "{}: a LoRA at run time on weights kept in RAM or on disk for {} is not supported yet; use --lora-apply-mode "
-                 "immediately (merged at load) or keep this module's weights on the device",
-                 names_.at(p), d.name);
 }
 
 void SegmentExecutor::drop_transient(Seg& s) {
@@ -618,17 +622,10 @@ void SegmentExecutor::install_fake() {
         }
     }
     for (auto& [p, f] : saved_) std::swap(p->tensor, f);
-    // run-time LoRA terms are left out of the measured graphs (their tensors may be gone)
-    saved_runtime_.clear();
-    for (auto& [p, f] : saved_) {
-        saved_runtime_.push_back(p->runtime);
-        p->runtime = nullptr;
-    }
 }
 
 void SegmentExecutor::restore_fake() {
     for (auto& [p, f] : saved_) std::swap(p->tensor, f);
-    for (size_t i = 0; i < saved_.size() && i < saved_runtime_.size(); ++i) saved_[i].first->runtime = saved_runtime_[i];
 }
 
 }  // namespace easel::runtime

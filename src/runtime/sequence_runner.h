@@ -187,9 +187,6 @@ protected:
     void read_from_disk(Seg& s);
     /// Frees s.transient (after its upload completed).
     void drop_transient(Seg& s);
-    /// Error(Unsupported) when a parameter of `s` has a run-time LoRA term (in the host buffer
-    /// load_subset made for a RAM / disk residency) and `d` is not a CPU device.
-    void refuse_host_runtime_terms(const Seg& s, const Device& d) const;
     void note(Device& d);
     /// Installs made-up parameter tensors (types as load() would choose, data pointer set, no
     /// buffer) so graphs can be built and measured before anything is loaded; restore after.
@@ -235,7 +232,6 @@ protected:
     int disk_reads_ = 0;
     ggml_context* fake_ctx_ = nullptr;
     std::vector<std::pair<nn::Param*, ggml_tensor*>> saved_;
-    std::vector<const nn::RuntimeUpdate*> saved_runtime_;  ///< Param::runtime of saved_ while the fakes are in
     std::shared_ptr<const placement::RowSplitRules> row_rules_;
     std::map<std::string, std::unique_ptr<placement::RowSplitDevice>> row_devs_;  // by "A&B" name
 };

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "lora/apply.h"
 #include "models/family.h"
+#include "models/family_base.h"
 
 #include <gtest/gtest.h>
 
@@ -153,7 +154,7 @@ Out run(models::Family& fam) {
 
 Out run_with(const fs::path& model, const std::vector<lora::LoraRequest>& reqs, lora::ApplyMode mode, const std::string& type = "") {
     auto fam = open_tiny(model, type);
-    fam->set_loras(lora::open_loras(reqs), mode);
+    models::set_loras(*fam, lora::open_loras(reqs), mode);
     return run(*fam);
 }
 
@@ -224,9 +225,9 @@ TEST_F(LoraApply, WeightZeroIsIdenticalAndSetsSwitch) {
     // one family: no LoRA, then the LoRA, then none again (modules reload each time)
     auto fam = open_tiny(kTiny);
     const Out a0 = run(*fam);
-    fam->set_loras(lora::open_loras({request(l, 1.0f, 1.0f)}), lora::ApplyMode::Immediately);
+    models::set_loras(*fam, lora::open_loras({request(l, 1.0f, 1.0f)}), lora::ApplyMode::Immediately);
     const Out a1 = run(*fam);
-    fam->set_loras({}, lora::ApplyMode::Immediately);
+    models::set_loras(*fam, {}, lora::ApplyMode::Immediately);
     const Out a2 = run(*fam);
     const Out want = run(*open_tiny(patch_by_hand(dir / "hand_z.safetensors", {{ps, 1.0f}})));
     EXPECT_EQ(a0.eps, base.eps);
@@ -287,7 +288,7 @@ TEST_F(LoraApply, LoraOfAnotherFamilyIsRefused) {
     const fs::path l = lora_test::write_safetensors(dir / "flux.safetensors", ts);
     auto fam = open_tiny(kTiny);
     try {
-        fam->set_loras(lora::open_loras({request(l, 1.0f, 1.0f)}), lora::ApplyMode::Auto);
+        models::set_loras(*fam, lora::open_loras({request(l, 1.0f, 1.0f)}), lora::ApplyMode::Auto);
         FAIL() << "a FLUX.1 LoRA on SD1.x was accepted";
     } catch (const Error& e) {
         EXPECT_EQ(e.kind(), ErrorKind::ModelMismatch);

@@ -84,13 +84,11 @@ struct T5Model {
     std::unique_ptr<t5::T5Encoder> net;
     std::unique_ptr<nn::TensorSource> src;
     nn::LoadOptions lo;
-    T5Model(const io::WeightIndex& ti, const t5::T5Keys& keys, const t5::T5Config& c, ggml_type weight_type,
-             std::shared_ptr<const nn::WeightPatches> patches) : cfg(c) {
+    T5Model(const io::WeightIndex& ti, const t5::T5Keys& keys, const t5::T5Config& c, ggml_type weight_type) : cfg(c) {
         net = std::make_unique<t5::T5Encoder>(cfg);
         src = std::make_unique<nn::TensorSource>(t5::make_tensor_source(ti, keys));
         lo = t5::default_load_options(ti, keys);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -100,13 +98,11 @@ struct ClipModel {
     std::unique_ptr<clip::ClipTextModel> net;
     std::unique_ptr<nn::TensorSource> src;
     nn::LoadOptions lo;
-    ClipModel(const io::WeightIndex& ci, const clip::ClipKeys& keys, const clip::ClipConfig& c, ggml_type weight_type,
-             std::shared_ptr<const nn::WeightPatches> patches) : cfg(c) {
+    ClipModel(const io::WeightIndex& ci, const clip::ClipKeys& keys, const clip::ClipConfig& c, ggml_type weight_type) : cfg(c) {
         net = std::make_unique<clip::ClipTextModel>(cfg);
         src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ci, keys, cfg));
         lo = clip::default_load_options(keys, cfg, ci);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -116,13 +112,11 @@ struct DiTModel {
     std::unique_ptr<FluxDiT> net;
     std::unique_ptr<nn::TensorSource> src;
     nn::LoadOptions lo;
-    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const FluxDiTConfig& c, ggml_type weight_type,
-             std::shared_ptr<const nn::WeightPatches> patches) : cfg(c) {
+    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const FluxDiTConfig& c, ggml_type weight_type) : cfg(c) {
         net = std::make_unique<FluxDiT>(cfg, s.layout == FluxLayout::Bfl);
         src = std::make_unique<nn::TensorSource>(idx, s.prefix);
         configure_flux_source(*src, cfg, s);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -387,26 +381,34 @@ void Flux1::check_planned_latent(int64_t h, int64_t w) const {
         fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
 }
 
-lora::ModelInfo Flux1::lora_targets(lora::KeyMap& km) {
-    FluxDiT dit(dcfg_, dsrc_.layout == FluxLayout::Bfl);
-    lora::add_flux1_targets(km, dit, dcfg_, dsrc_.layout == FluxLayout::Bfl);
+void Flux1::lora_targets(LoraTargets& t) {
+    const bool bfl = dsrc_.layout == FluxLayout::Bfl;
+    FluxDiT dit(dcfg_, bfl);
+    lora::add_flux1_targets(t.km, dit, dcfg_, bfl);
+    auto ds = std::make_unique<nn::TensorSource>(*dit_idx_, dsrc_.prefix);
+    configure_flux_source(*ds, dcfg_, dsrc_);
+    t.sources["dit"] = std::move(ds);
     if (!clip_src_.empty()) {
         std::unique_ptr<io::WeightIndex> own;
         clip::ClipKeys keys;
         clip::ClipConfig cfg;
-        (void)clip_headers(own, keys, cfg);
+        const io::WeightIndex& ci = clip_headers(own, keys, cfg);
         clip::ClipTextModel clip(cfg);
-        lora::add_clip_targets(km, "clip_l", 0, clip, cfg);
+        lora::add_clip_targets(t.km, "clip_l", 0, clip, cfg);
+        t.sources["clip_l"] = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ci, keys, cfg));
+        if (own) t.own.push_back(std::move(own));
     }
     if (!t5_src_.empty()) {
         std::unique_ptr<io::WeightIndex> own;
         t5::T5Keys keys;
         t5::T5Config cfg;
-        (void)t5_headers(own, keys, cfg);
+        const io::WeightIndex& ti = t5_headers(own, keys, cfg);
         t5::T5Encoder t5(cfg);
-        lora::add_t5_targets(km, 1, t5);
+        lora::add_t5_targets(t.km, 1, t5);
+        t.sources["t5xxl"] = std::make_unique<nn::TensorSource>(t5::make_tensor_source(ti, keys));
+        if (own) t.own.push_back(std::move(own));
     }
-    return {"FLUX.1", dcfg_.hidden, "hidden"};
+    t.info = {"FLUX.1", dcfg_.hidden, "hidden"};
 }
 
 void Flux1::add_modules() {
@@ -423,12 +425,10 @@ void Flux1::add_modules() {
         te->t5 = std::make_unique<t5::T5Encoder>(te->t5cfg);
         nn::LoadOptions lo = t5::default_load_options(ti, tk);
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("t5xxl");
         te->t5_params = nn::ParamBuffer::load(*te->t5, t5::make_tensor_source(ti, tk), te->runner->buffer_type(), lo);
         te->clip = std::make_unique<clip::ClipTextModel>(te->clipcfg);
         nn::LoadOptions clo = clip::default_load_options(ck, te->clipcfg, ci);
         clo.weight_type = weight_type_;
-        clo.patches = lora_patches("clip_l");
         te->clip_params = nn::ParamBuffer::load(*te->clip, clip::make_tensor_source(ci, ck, te->clipcfg), te->runner->buffer_type(), clo);
         te->desc = fmt::format("T5 d_model {} x {} layers + CLIP hidden {} x {} layers", te->t5cfg.d_model, te->t5cfg.layers,
                                te->clipcfg.width, te->clipcfg.layers);
@@ -442,8 +442,8 @@ void Flux1::add_modules() {
         clip::ClipConfig cc;
         const io::WeightIndex& ti = t5_headers(p->t5_own, tk, tc);
         const io::WeightIndex& ci = clip_headers(p->clip_own, ck, cc);
-        p->t5 = std::make_unique<T5Model>(ti, tk, tc, weight_type_, lora_patches("t5xxl"));
-        p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_, lora_patches("clip_l"));
+        p->t5 = std::make_unique<T5Model>(ti, tk, tc, weight_type_);
+        p->clip = std::make_unique<ClipModel>(ci, ck, cc, weight_type_);
         p->t5p = std::make_unique<T5Placed>(*p->t5->net, *p->t5->net, *p->t5->src, p->t5->lo, placement::PModule::Te, *opt_.placement,
                                             opt_.threads, opt_.flash_attn_te);
         // --split-mode te=row: T5's blocks on ggml's meta device (t5_row_split.h); CLIP-L has
@@ -472,7 +472,7 @@ void Flux1::add_modules() {
             t5::T5Keys keys;
             t5::T5Config tc;
             const io::WeightIndex& ti = t5_headers(k->own, keys, tc);
-            k->model = std::make_unique<T5Model>(ti, keys, tc, weight_type_, lora_patches("t5xxl"));
+            k->model = std::make_unique<T5Model>(ti, keys, tc, weight_type_);
             k->ids.assign((size_t)L, 0);
             k->buckets = t5::relative_position_buckets(L, tc.num_buckets, tc.max_distance);
             T5Model& m = *k->model;
@@ -490,7 +490,7 @@ void Flux1::add_modules() {
             clip::ClipKeys keys;
             clip::ClipConfig cc;
             const io::WeightIndex& ci = clip_headers(k->own, keys, cc);
-            k->model = std::make_unique<ClipModel>(ci, keys, cc, weight_type_, lora_patches("clip_l"));
+            k->model = std::make_unique<ClipModel>(ci, keys, cc, weight_type_);
             const int64_t Lc = std::min<int64_t>(77, cc.positions);
             k->ids.assign((size_t)Lc, 0);
             k->pool = {0};
@@ -510,13 +510,12 @@ void Flux1::add_modules() {
         d->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("dit");
         d->dit = std::make_unique<FluxDiTModel>(FluxDiTModel::load(*dit_idx_, d->runner->buffer_type(), lo, dcfg_.axes_dims));
         return d;
     };
     dh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
         auto p = std::make_unique<PlacedDiT>();
-        p->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_, lora_patches("dit"));
+        p->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
         DiTModel& dm = *p->model;
         p->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
                                                 opt_.flash_attn_diffusion);
@@ -531,7 +530,7 @@ void Flux1::add_modules() {
             DiTHost d;
         };
         auto k = std::make_shared<Keep>();
-        k->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_, lora_patches("dit"));
+        k->model = std::make_unique<DiTModel>(*dit_idx_, dsrc_, dcfg_, weight_type_);
         DiTHost& d = k->d;
         d.Li = (h / 2) * (w / 2);
         d.Lt = L;

@@ -114,7 +114,7 @@ public:
 
 protected:
     /// The DiT ("dit"), CLIP-L ("clip_l", te 0) and T5 ("t5xxl", te 1) when their files are given.
-    lora::ModelInfo lora_targets(lora::KeyMap& km) override;
+    void lora_targets(LoraTargets& t) override;
 
 private:
     Flux1(const ModelFiles& files, const FamilyOptions& opt);

@@ -384,7 +384,7 @@ struct TeModel {
     std::unique_ptr<nn::TensorSource> src;
     std::unique_ptr<KleinTeSeq> seq;
     nn::LoadOptions lo;
-    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, ggml_type weight_type, std::shared_ptr<const nn::WeightPatches> patches) {
+    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, ggml_type weight_type) {
         qwen3::Qwen3Overrides ov;
         ov.layers = kKleinTextLayers[2];
         cfg = qwen3::infer_config(ti, keys, ov);
@@ -393,7 +393,6 @@ struct TeModel {
         seq = std::make_unique<KleinTeSeq>(*net);
         lo = qwen3::default_load_options(keys, cfg, ti);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -403,13 +402,11 @@ struct DiTModel {
     std::unique_ptr<Flux2DiT> net;
     std::unique_ptr<nn::TensorSource> src;
     nn::LoadOptions lo;
-    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const Flux2DiTConfig& c, ggml_type weight_type,
-             std::shared_ptr<const nn::WeightPatches> patches) : cfg(c) {
+    DiTModel(const io::WeightIndex& idx, const FluxSource& s, const Flux2DiTConfig& c, ggml_type weight_type) : cfg(c) {
         net = std::make_unique<Flux2DiT>(cfg, s.layout == FluxLayout::Bfl);
         src = std::make_unique<nn::TensorSource>(idx, s.prefix);
         configure_flux2_source(*src, cfg, s);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -526,19 +523,25 @@ const io::WeightIndex& Flux2Klein::te_headers(std::unique_ptr<io::WeightIndex>& 
     return *ti;
 }
 
-lora::ModelInfo Flux2Klein::lora_targets(lora::KeyMap& km) {
-    const bool bfl = find_flux2_dit(*dit_idx_)->layout == FluxLayout::Bfl;
+void Flux2Klein::lora_targets(LoraTargets& t) {
+    const FluxSource src = *find_flux2_dit(*dit_idx_);
+    const bool bfl = src.layout == FluxLayout::Bfl;
     Flux2DiT dit(dcfg_, bfl);
-    lora::add_flux2_targets(km, dit, dcfg_, bfl);
+    lora::add_flux2_targets(t.km, dit, dcfg_, bfl);
+    auto ds = std::make_unique<nn::TensorSource>(*dit_idx_, src.prefix);
+    configure_flux2_source(*ds, dcfg_, src);
+    t.sources["dit"] = std::move(ds);
     if (!te_src_.empty()) {
         std::unique_ptr<io::WeightIndex> own;
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
-        (void)te_headers(own, keys, qc);
+        const io::WeightIndex& ti = te_headers(own, keys, qc);
         qwen3::Qwen3Model q(qc);
-        lora::add_qwen3_targets(km, 0, q, qc);
+        lora::add_qwen3_targets(t.km, 0, q, qc);
+        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, keys, qc));
+        if (own) t.own.push_back(std::move(own));
     }
-    return {"FLUX.2 Klein", dcfg_.hidden, "hidden"};
+    t.info = {"FLUX.2 Klein", dcfg_.hidden, "hidden"};
 }
 
 void Flux2Klein::add_modules() {
@@ -553,7 +556,6 @@ void Flux2Klein::add_modules() {
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
         ro.weight_type = weight_type_;
-        ro.patches = lora_patches("qwen3");
         ro.flash_attn = opt_.flash_attn_te;
         // hidden_states[27] is the raw output of layer 26 when the model has more than 27 layers:
         // 28 layers give the same value and the deeper ones are never read.
@@ -569,7 +571,7 @@ void Flux2Klein::add_modules() {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(p->own, keys, qc);
-        p->model = std::make_unique<TeModel>(ti, keys, weight_type_, lora_patches("qwen3"));
+        p->model = std::make_unique<TeModel>(ti, keys, weight_type_);
         TeModel& tm = *p->model;
         p->placed = std::make_unique<TePlaced>(*tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads,
                                                opt_.flash_attn_te);
@@ -597,7 +599,7 @@ void Flux2Klein::add_modules() {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(k->own, keys, qc);
-        k->model = std::make_unique<TeModel>(ti, keys, weight_type_, lora_patches("qwen3"));
+        k->model = std::make_unique<TeModel>(ti, keys, weight_type_);
         k->d.L = Lt;
         k->d.ids.assign((size_t)Lt, 0);
         k->d.mask = qwen3::attention_mask(std::vector<int32_t>((size_t)Lt, 1), Lt, 1);
@@ -617,13 +619,12 @@ void Flux2Klein::add_modules() {
         d->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("dit");
         d->dit = std::make_unique<Flux2DiTModel>(Flux2DiTModel::load(*dit_idx_, d->runner->buffer_type(), lo, dcfg_.axes_dims));
         return d;
     };
     dh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
         auto p = std::make_unique<PlacedDiT>();
-        p->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_, lora_patches("dit"));
+        p->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
         DiTModel& dm = *p->model;
         p->placed = std::make_unique<DiTPlaced>(*dm.net, *dm.net, *dm.src, dm.lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
                                                 opt_.flash_attn_diffusion);
@@ -638,7 +639,7 @@ void Flux2Klein::add_modules() {
             DiTHost d;
         };
         auto k = std::make_shared<Keep>();
-        k->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_, lora_patches("dit"));
+        k->model = std::make_unique<DiTModel>(*dit_idx_, *find_flux2_dit(*dit_idx_), dcfg_, weight_type_);
         DiTHost& d = k->d;
         d.L = h * w + refs_.count;
         d.Lt = Lt;

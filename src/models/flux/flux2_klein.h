@@ -165,7 +165,7 @@ public:
 
 protected:
     /// The transformer ("dit") and the Qwen3 text encoder ("qwen3", te 0) when its file is given.
-    lora::ModelInfo lora_targets(lora::KeyMap& km) override;
+    void lora_targets(LoraTargets& t) override;
 
 private:
     Flux2Klein(const ModelFiles& files, const FamilyOptions& opt);

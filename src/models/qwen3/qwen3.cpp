@@ -377,7 +377,6 @@ Qwen3TextEncoder::Qwen3TextEncoder(const io::WeightIndex& index, const Qwen3RunO
     impl_->flash = opt.flash_attn;
     nn::LoadOptions lo = default_load_options(*keys, impl_->cfg, index);
     lo.weight_type = opt.weight_type;
-    lo.patches = opt.patches;
     impl_->params = nn::ParamBuffer::load(*impl_->model, make_tensor_source(index, *keys, impl_->cfg), impl_->runner->buffer_type(), lo);
 }
 

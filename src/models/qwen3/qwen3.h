@@ -202,8 +202,6 @@ struct Qwen3RunOptions {
     ggml_backend_dev_t device = nullptr;    ///< nullptr: the CPU
     int threads = 0;                        ///< CPU threads (0: all)
     ggml_type weight_type = GGML_TYPE_COUNT;  ///< matmul weight type (sd-cli --type); COUNT = as stored
-    /// LoRA patches of the encoder (nn::LoadOptions::patches); null = none.
-    std::shared_ptr<const nn::WeightPatches> patches;
     bool flash_attn = true;                 ///< use ggml_flash_attn_ext where supported
     Qwen3Overrides overrides;               ///< applied after the inferred config
 };

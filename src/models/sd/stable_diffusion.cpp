@@ -313,23 +313,23 @@ void StableDiffusion::te_loaded(const clip::ClipKeys& keys, const clip::ClipConf
     te_desc_ = fmt::format("width {} x {} layers", ccfg.width, ccfg.layers);
 }
 
-lora::ModelInfo StableDiffusion::lora_targets(lora::KeyMap& km) {
+void StableDiffusion::lora_targets(LoraTargets& t) {
     UNet2DCondition unet(ucfg_);
-    lora::add_unet_targets(km, unet, ucfg_);
+    lora::add_unet_targets(t.km, unet, ucfg_);
+    t.sources["unet"] = std::make_unique<nn::TensorSource>(make_unet_source(*dit_idx_, ucfg_));
     if (!te_src_.empty()) {
         std::unique_ptr<io::WeightIndex> own;
         clip::ClipKeys keys;
         clip::ClipConfig ccfg;
         const io::WeightIndex& ti = te_headers(own, keys, ccfg);
-        (void)ti;
         clip::ClipTextModel clip(ccfg);
-        lora::add_clip_targets(km, te_lora_component(), 0, clip, ccfg);
+        lora::add_clip_targets(t.km, te_lora_component(), 0, clip, ccfg);
+        t.sources[te_lora_component()] = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, keys, ccfg));
+        if (own) t.own.push_back(std::move(own));
     }
-    lora::ModelInfo info;
-    info.family = is_sd2() ? "SD2.x" : "SD1.x";
-    info.width = ucfg_.context_dim;
-    info.width_name = "context";
-    return info;
+    t.info.family = is_sd2() ? "SD2.x" : "SD1.x";
+    t.info.width = ucfg_.context_dim;
+    t.info.width_name = "context";
 }
 
 void StableDiffusion::add_modules() {
@@ -345,7 +345,6 @@ void StableDiffusion::add_modules() {
         nn::TensorSource src = clip::make_tensor_source(ti, keys, ccfg);
         nn::LoadOptions tlo = clip::default_load_options(keys, ccfg, ti);
         tlo.weight_type = weight_type_;
-        tlo.patches = lora_patches(te_lora_component());
         t->params = nn::ParamBuffer::load(*t->net, src, t->runner->buffer_type(), tlo);
         te_loaded(keys, ccfg);
         return t;
@@ -383,7 +382,6 @@ void StableDiffusion::add_modules() {
         k->ids.assign((size_t)L, 0);
         nn::LoadOptions tlo = clip::default_load_options(k->keys, k->cfg, ti);
         tlo.weight_type = weight_type_;
-        tlo.patches = lora_patches(te_lora_component());
         Keep* kp = k.get();
         out.push_back(runtime::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
             placement::PModule::Te, k, *k->net, *k->net, *k->src, tlo, opt_.threads, opt_.flash_attn_te,
@@ -402,7 +400,6 @@ void StableDiffusion::add_modules() {
     uh.load_whole = [this] {
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("unet");
         auto u = std::make_unique<UNetWhole>();
         u->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
         try {
@@ -420,14 +417,12 @@ void StableDiffusion::add_modules() {
     uh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("unet");
         return std::make_unique<PlacedUNet>(*dit_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
     };
     uh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
     uh.costs = [this](int64_t h, int64_t w) {  // a batch-1 evaluation with a 77-token context
         nn::LoadOptions lo;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("unet");
         return std::vector<placement::ModuleCosts>{
             unet_costs(*dit_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength)};
     };
@@ -476,7 +471,6 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
             pt.src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(*pt.index, pt.keys, kc));
             nn::LoadOptions tlo = clip::default_load_options(pt.keys, kc, *pt.index);
             tlo.weight_type = weight_type_;
-            tlo.patches = lora_patches(te_lora_component());
             pt.placed = std::make_unique<PlacedTe::Placed>(*pt.net, *pt.net, *pt.src, tlo, placement::PModule::Te, *opt_.placement,
                                                            opt_.threads, opt_.flash_attn_te);
             pt.k = k;

@@ -85,7 +85,7 @@ public:
 protected:
     /// The UNet ("unet") and the CLIP text encoder ("clip_l" / "openclip_h", te 0); the model is
     /// described by its cross-attention (context) width.
-    lora::ModelInfo lora_targets(lora::KeyMap& km) override;
+    void lora_targets(LoraTargets& t) override;
 
 private:
     StableDiffusion(const ModelFiles& files, const FamilyOptions& opt);

@@ -52,8 +52,7 @@ struct TeModel {
     std::unique_ptr<nn::TensorSource> src;
     std::unique_ptr<TeSeq> seq;
     nn::LoadOptions lo;
-    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& full, ggml_type weight_type,
-            std::shared_ptr<const nn::WeightPatches> patches) {
+    TeModel(const io::WeightIndex& ti, const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& full, ggml_type weight_type) {
         qwen3::Qwen3Overrides ov;
         ov.layers = (int)full.layers - 1;
         cfg = qwen3::infer_config(ti, keys, ov);
@@ -62,7 +61,6 @@ struct TeModel {
         seq = std::make_unique<TeSeq>(*net, [](nn::Ctx&, qwen3::Qwen3State st) { return st.h; });
         lo = qwen3::default_load_options(keys, cfg, ti);
         lo.weight_type = weight_type;
-        lo.patches = std::move(patches);
     }
 };
 
@@ -254,18 +252,23 @@ const text::QwenTokenizer& ZImage::tokenizer() const {
     return *own_tokenizer_;
 }
 
-lora::ModelInfo ZImage::lora_targets(lora::KeyMap& km) {
+void ZImage::lora_targets(LoraTargets& t) {
     ZImageDiT dit(dcfg_);
-    lora::add_zimage_targets(km, dit, dcfg_);
+    lora::add_zimage_targets(t.km, dit, dcfg_);
+    auto keys = find_zimage_dit(*dit_idx_);
+    if (!keys) fail(ErrorKind::ModelMismatch, "{}: no Z-Image transformer found", dit_src_.named());
+    t.sources["dit"] = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
     if (!te_src_.empty()) {
         std::unique_ptr<io::WeightIndex> own;
-        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Keys qk;
         qwen3::Qwen3Config qc;
-        (void)te_headers(own, keys, qc);
+        const io::WeightIndex& ti = te_headers(own, qk, qc);
         qwen3::Qwen3Model q(qc);
-        lora::add_qwen3_targets(km, 0, q, qc);
+        lora::add_qwen3_targets(t.km, 0, q, qc);
+        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, qk, qc));
+        if (own) t.own.push_back(std::move(own));
     }
-    return {"Z-Image", dcfg_.dim, "hidden"};
+    t.info = {"Z-Image", dcfg_.dim, "hidden"};
 }
 
 void ZImage::add_modules() {
@@ -281,7 +284,6 @@ void ZImage::add_modules() {
         ro.device = opt_.te_device;
         ro.threads = opt_.threads;
         ro.weight_type = weight_type_;
-        ro.patches = lora_patches("qwen3");
         ro.flash_attn = opt_.flash_attn_te;
         return std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
     };
@@ -291,7 +293,7 @@ void ZImage::add_modules() {
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(p->own, keys, qc);
         te_desc_ = fmt::format("Qwen3 hidden {} x {} layers", qc.hidden, qc.layers);
-        p->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_, lora_patches("qwen3"));
+        p->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_);
         TeModel& tm = *p->model;
         p->placed = std::make_unique<runtime::PlacedSequence<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>>(
             *tm.net, *tm.seq, *tm.src, tm.lo, placement::PModule::Te, *opt_.placement, opt_.threads, opt_.flash_attn_te);
@@ -318,7 +320,7 @@ void ZImage::add_modules() {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(k->own, keys, qc);
-        k->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_, lora_patches("qwen3"));
+        k->model = std::make_unique<TeModel>(ti, keys, qc, weight_type_);
         k->ids.assign((size_t)L, 0);
         k->pos = qwen3::positions(L);
         Keep* kp = k.get();
@@ -345,7 +347,6 @@ void ZImage::add_modules() {
         lo.threads = opt_.threads;
         lo.flash_attn = opt_.flash_attn_diffusion;
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("dit");
         if (const nlohmann::json* dc = dit_idx_->config()) lo.overrides = overrides_from_config_json(*dc);
         return LoadedZImageDiT::load(*dit_idx_, lo);
     };
@@ -357,7 +358,6 @@ void ZImage::add_modules() {
         p->src = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
         nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("dit");
         p->placed = std::make_unique<DiTPlaced>(*p->net, *p->net, *p->src, lo, placement::PModule::Diffusion, *opt_.placement, opt_.threads,
                                                 opt_.flash_attn_diffusion);
         // --split-mode row: the DiT's main layers on ggml's meta device (placement/row_split.h)
@@ -385,7 +385,6 @@ void ZImage::add_modules() {
         k->cap.resize((size_t)(L * dcfg_.cap_feat_dim));
         nn::LoadOptions lo = default_load_options(*dit_idx_, *keys);
         lo.weight_type = weight_type_;
-        lo.patches = lora_patches("dit");
         return std::vector<placement::ModuleCosts>{runtime::self_contained_costs<ZImageInputs, ZImageState, ggml_tensor*>(
             placement::PModule::Diffusion, k, *k->net, *k->net, *k->src, lo, opt_.threads, opt_.flash_attn_diffusion,
             dit_inputs(k->cfg, h, w, L, k->x, k->t, k->cap, k->rope), one_output, dit_label(dcfg_, h, w, L),

@@ -110,7 +110,7 @@ public:
 
 protected:
     /// The transformer ("dit") and the Qwen3 text encoder ("qwen3", te 0) when its file is given.
-    lora::ModelInfo lora_targets(lora::KeyMap& km) override;
+    void lora_targets(LoraTargets& t) override;
 
 private:
     ZImage(const ModelFiles& files, const FamilyOptions& opt);

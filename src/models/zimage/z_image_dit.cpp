@@ -563,7 +563,6 @@ std::unique_ptr<LoadedZImageDiT> LoadedZImageDiT::load(const io::WeightIndex& in
     nn::TensorSource src = make_tensor_source(index, *keys, cfg);
     nn::LoadOptions lo = default_load_options(index, *keys);
     lo.weight_type = opt.weight_type;
-    lo.patches = opt.patches;
     m->params_ = nn::ParamBuffer::load(*m->net_, src, m->runner_->buffer_type(), lo);
     log::debug("Z-Image transformer ({} layout, prefix '{}'): {}", keys->layout == ZImageKeys::Layout::Diffusers ? "diffusers" : "original",
                keys->prefix, cfg.summary());

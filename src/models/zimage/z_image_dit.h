@@ -236,8 +236,6 @@ struct ZImageLoadOptions {
     int threads = 0;                          ///< CPU threads (<= 0: all)
     bool flash_attn = false;                  ///< ggml_flash_attn_ext where the backend allows
     ggml_type weight_type = GGML_TYPE_COUNT;  ///< --type for matmul weights; COUNT keeps the stored types
-    /// LoRA patches of the DiT (nn::LoadOptions::patches); null = none.
-    std::shared_ptr<const nn::WeightPatches> patches;
     ZImageOverrides overrides;                ///< on top of config.json (when the index has one)
 };
 
