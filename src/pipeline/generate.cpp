@@ -10,6 +10,7 @@
 #include "lora/request.h"
 #include "models/family.h"
 #include "models/family_base.h"
+#include "models/sd/stable_diffusion.h"
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
@@ -100,6 +101,9 @@ struct Setup {
     bool keep_loaded = false;
     /// The LoRAs of the job (--lora, prompt tags), resolved and with their files' headers checked.
     std::vector<lora::LoraRequest> loras;
+    /// --embd-dir's textual-inversion embeddings, read, and their files (the conditioning cache key).
+    std::vector<text::Embedding> embeddings;
+    std::vector<std::string> embedding_files;
 };
 
 /// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
@@ -121,10 +125,17 @@ void check_loras(Setup& s) {
         (void)lora::LoraFile::open(r.path);  // a malformed file fails here, before the model opens
     }
     if (!p.embd_dir.empty()) {
-        const auto found = text::list_embeddings(p.embd_dir);
-        log::warn("--embd-dir {}: {} embeddings found, but textual-inversion embeddings are not applied by this build yet: their names "
-                  "in the prompt stay text",
-                  p.embd_dir, found.size());
+        // every embedding of the folder, as A1111 loads its embeddings folder; a file that is not
+        // one is named and left out
+        for (const auto& [name, path] : text::list_embeddings(p.embd_dir)) {
+            try {
+                s.embeddings.push_back(text::read_embedding(path));
+                s.embedding_files.push_back(platform::path_utf8(path));
+            } catch (const Error& e) {
+                log::warn("--embd-dir: {} is left out: {}", platform::path_utf8(path), e.what());
+            }
+        }
+        log::info("--embd-dir {}: {} textual-inversion embeddings", p.embd_dir, s.embeddings.size());
     }
 }
 
@@ -132,6 +143,9 @@ void check_loras(Setup& s) {
 /// the model checked, modules loaded with another set unloaded.
 void apply_loras(const Setup& s, models::Family& fam) {
     models::set_loras(fam, lora::open_loras(s.loras), lora::parse_apply_mode(s.p.lora_apply_mode));
+    if (auto* sd = dynamic_cast<models::sd::StableDiffusion*>(&fam)) sd->set_embeddings(s.embeddings);
+    else if (!s.embeddings.empty())
+        log::warn("--embd-dir: textual-inversion embeddings are for SD1.x/SD2.x's CLIP text encoders; {} does not use them", fam.name());
 }
 
 /// Frees module m after its stage, unless the job runs on a Generator that keeps its modules.
@@ -521,12 +535,13 @@ std::string with_loras(std::string fp, const std::string& loras) { return loras.
 
 /// The cache key of a job's prompt conditioning: the text encoders' file identities (path, size,
 /// mtime; nothing is read from them), the text-encoder LoRAs (file hashes, weights, mode), the
+/// --embd-dir embeddings' file identities, the
 /// prompts, clip skip, CFG on/off, weight type, flash attention and device.
 std::string conditioning_key(models::Family& fam, const Setup& s, bool need_negative) {
     const GenerateParams& p = s.p;
     const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
     return cache_key({"conditioning", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()),
-                      file_identity(fam.module_files(Module::Te)), te_loras(s), p.prompt, p.negative_prompt, std::to_string(clip_skip),
+                      file_identity(fam.module_files(Module::Te)), te_loras(s), file_identity(s.embedding_files), p.prompt, p.negative_prompt, std::to_string(clip_skip),
                       need_negative ? "neg" : "noneg", p.weight_type, p.flash_attn ? "fa" : "", device_name(s.device)});
 }
 
