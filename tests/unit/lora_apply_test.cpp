@@ -9,6 +9,9 @@
 #include "lora/apply.h"
 #include "models/family.h"
 #include "models/family_base.h"
+#include "models/sd/stable_diffusion.h"
+#include "text/clip_tokenizer.h"
+#include "text/embeddings.h"
 
 #include <gtest/gtest.h>
 
@@ -295,4 +298,49 @@ TEST_F(LoraApply, LoraOfAnotherFamilyIsRefused) {
         EXPECT_NE(std::string(e.what()).find("FLUX.1"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(fam->loaded(models::Module::Diffusion));
+}
+
+// Textual inversion: "a photo of mytok" with a 2-vector embedding named mytok gives the
+// conditioning of "a photo of cat dog" on the model whose token embedding rows of "cat" and "dog"
+// were replaced by the two vectors by hand (vectors chosen F16-exact: bit for bit).
+TEST_F(LoraApply, TextualInversionEqualsHandEditedTokenEmbedding) {
+    const auto& tok = text::ClipTokenizer::builtin();
+    const auto cat = tok.encode("cat"), dog = tok.encode("dog");
+    ASSERT_EQ(cat.size(), 1u);
+    ASSERT_EQ(dog.size(), 1u);
+    const int64_t width = 64;  // sd_tiny's CLIP width
+    std::vector<float> vec = randn((size_t)(2 * width), 3, 0.5f);
+    for (float& v : vec) v = ggml_fp16_to_fp32(ggml_fp32_to_fp16(v));
+    const fs::path emb_dir = dir / "embeddings";
+    fs::create_directories(emb_dir);
+    lora_test::write_safetensors(emb_dir / "mytok.safetensors", {StTensor{"emb_params", {2, width}, vec, false}});
+
+    // the hand-edited model: token_embedding rows cat, dog <- the vectors
+    const fs::path hand = dir / "hand_ti.safetensors";
+    fs::copy_file(kTiny, hand, fs::copy_options::overwrite_existing);
+    {
+        const io::WeightIndex idx = io::WeightIndex::open(kTiny);
+        const io::TensorInfo* t = idx.find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight");
+        ASSERT_NE(t, nullptr);
+        ASSERT_EQ(t->shape.at(1), width);
+        ASSERT_GT(t->shape.at(0), std::max(cat[0], dog[0]));
+        std::fstream f(hand, std::ios::in | std::ios::out | std::ios::binary);
+        for (int i = 0; i < 2; ++i) {
+            const int32_t id = i == 0 ? cat[0] : dog[0];
+            std::vector<ggml_fp16_t> h((size_t)width);
+            for (int64_t j = 0; j < width; ++j) h[(size_t)j] = ggml_fp32_to_fp16(vec[(size_t)(i * width + j)]);
+            f.seekp((std::streamoff)(t->offset + (uint64_t)id * (uint64_t)width * 2));
+            f.write(reinterpret_cast<const char*>(h.data()), (std::streamsize)(width * 2));
+        }
+    }
+    const models::Conditioning want = open_tiny(hand)->encode_prompt("a photo of cat dog", 0);
+
+    auto fam = open_tiny(kTiny);
+    auto* sd = dynamic_cast<models::sd::StableDiffusion*>(fam.get());
+    ASSERT_NE(sd, nullptr);
+    const models::Conditioning plain = fam->encode_prompt("a photo of mytok", 0);
+    sd->set_embeddings({text::read_embedding(emb_dir / "mytok.safetensors")});
+    const models::Conditioning got = fam->encode_prompt("a photo of mytok", 0);
+    EXPECT_NE(plain.context, want.context);
+    EXPECT_EQ(got.context, want.context);
 }
