@@ -236,7 +236,7 @@ void FamilyBase::set_loras(const std::vector<lora::OpenedLora>& loras, lora::App
         if (src == t.sources.end()) fail(ErrorKind::Internal, "LoRA: no weight source for component {}", component);
         for (const std::string& name : cp->names()) {
             const io::TensorInfo* info = src->second->find(name);
-            if (!info) fail(ErrorKind::Internal, "LoRA: {} weight {} is not in its file", component, name);
+            if (!info) continue;  // an optional weight this file lacks: nothing to patch
             entries.push_back({nn::stored_key(src->second->index(), *info), cp, name});
         }
     }
