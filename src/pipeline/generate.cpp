@@ -108,7 +108,7 @@ struct Setup {
 
 /// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
 /// before anything runs: every file found, every weight a number, every LoRA file's keys one of
-/// the known formats (the values and the fit to the model are checked by apply_loras).
+/// the known formats, no NaN in them (the fit to the model is checked by apply_loras).
 void check_loras(Setup& s) {
     const GenerateParams& p = s.p;
     (void)lora::parse_apply_mode(p.lora_apply_mode);
@@ -122,7 +122,7 @@ void check_loras(Setup& s) {
             log::info("LoRA '{}' ({}) has weight 0: off", r.name, r.path.string());
             continue;
         }
-        (void)lora::LoraFile::open(r.path);  // a malformed file fails here, before the model opens
+        lora::LoraFile::open(r.path).check_values();  // a malformed file fails here, before the model opens
     }
     if (!p.embd_dir.empty()) {
         // every embedding of the folder, as A1111 loads its embeddings folder; a file that is not
