@@ -226,4 +226,41 @@ std::vector<placement::ModulePlan> FamilyBase::plan_placement(int64_t h, int64_t
     return plans;
 }
 
+void FamilyBase::set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode) {
+    std::vector<lora::LoraRequest> reqs;
+    for (const auto& l : loras) reqs.push_back(l.request);
+    std::string key = lora::lora_set_key(reqs, mode);
+    if (key == lora_key_) return;
+    // modules loaded with the old set load again with the new one
+    modules_.unload(Module::Te);
+    modules_.unload(Module::Diffusion);
+    lora_reg_.reset();
+    lora_key_.clear();
+    if (key.empty()) return;
+    LoraTargets t;
+    lora_targets(t);
+    const auto patches = lora::build_patches(t.km, loras, t.info, mode);
+    std::vector<nn::PatchEntry> entries;
+    for (const auto& [component, cp] : patches) {
+        auto src = t.sources.find(component);
+        if (src == t.sources.end()) fail(ErrorKind::Internal, "LoRA: no weight source for component {}", component);
+        for (const std::string& name : cp->names()) {
+            const io::TensorInfo* info = src->second->find(name);
+            if (!info) continue;  // an optional weight this file lacks: nothing to patch
+            entries.push_back({nn::stored_key(src->second->index(), *info), cp, name});
+        }
+    }
+    lora_reg_ = nn::register_patches(std::move(entries));
+    lora_key_ = std::move(key);
+}
+
+void FamilyBase::lora_targets(LoraTargets&) {
+    fail(ErrorKind::Unsupported, "{} takes no LoRAs in this build: remove --lora / <lora:...> (or give weight 0)", name());
+}
+
+void set_loras(Family& fam, const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode) {
+    if (auto* fb = dynamic_cast<FamilyBase*>(&fam)) return fb->set_loras(loras, mode);
+    if (!loras.empty()) fail(ErrorKind::Unsupported, "{} takes no LoRAs in this build: remove --lora / <lora:...> (or give weight 0)", fam.name());
+}
+
 }  // namespace easel::models

@@ -12,6 +12,8 @@
 #pragma once
 
 #include "io/weight_index.h"
+#include "lora/apply.h"
+#include "nn/weight_patch.h"
 #include "models/family.h"
 #include "models/module_set.h"
 #include "models/vae/autoencoder_kl.h"
@@ -60,7 +62,31 @@ public:
     std::vector<placement::ModulePlan> placement_plans() const final { return modules_.plans(); }
     std::map<std::string, uint64_t> placement_peaks() const final { return modules_.peaks(); }
 
+    /// The job's LoRAs (the active ones, opened: lora::open_loras) and --lora-apply-mode: each file
+    /// is mapped onto the family's te and diffusion weights from the headers (lora_targets) and
+    /// fit-checked (lora::check_fit), and its patches are registered under the stored tensors those
+    /// modules load (nn::register_patches): from the next load on they are merged in read_param or
+    /// bound as run-time terms (lora/apply.h). When the set differs from the current one, te and
+    /// diffusion are unloaded (they load again with it). An empty list removes them. Nothing is
+    /// loaded here. Throws Error(ModelMismatch) for a LoRA made for another family or size,
+    /// Error(Unsupported) for a family without LoRA targets.
+    void set_loras(const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode);
+
 protected:
+    /// What set_loras maps LoRAs onto.
+    struct LoraTargets {
+        lora::KeyMap km;      ///< the diffusion model and each text encoder as components (lora/targets.h)
+        lora::ModelInfo info; ///< the model, for lora::check_fit's messages
+        /// Per component name ("unet", "dit", "clip_l", ...): the TensorSource its module loads
+        /// with, which says where each patched weight is stored.
+        std::map<std::string, std::unique_ptr<nn::TensorSource>> sources;
+        std::vector<std::unique_ptr<io::WeightIndex>> own;  ///< indexes opened for the sources
+    };
+    /// Fills `t` from the headers (the Block trees of the configurations read at open, the
+    /// modules' TensorSources): the text encoders only when their files are given. The default
+    /// throws Error(Unsupported).
+    virtual void lora_targets(LoraTargets& t);
+
     /// Keeps the files and options and parses --type (Error(InvalidInput) for a bad one).
     FamilyBase(const ModelFiles& files, const FamilyOptions& opt);
 
@@ -143,11 +169,17 @@ protected:
     ModuleSet modules_;
 
 private:
+    std::unique_ptr<nn::PatchRegistration> lora_reg_;  ///< the registered patches of the current LoRA set
+    std::string lora_key_;                             ///< lora::lora_set_key of that set
     struct DecoderWhole;  ///< the KL decoder or a TAESD decoder, loaded whole
     struct EncoderWhole;  ///< the KL encoder, loaded whole
     VaeSetup vae_;
     ModuleSlot<DecoderWhole, vae::PlacedVaeDecoder>* dec_ = nullptr;
     ModuleSlot<EncoderWhole, vae::PlacedVaeEncoder>* enc_ = nullptr;
 };
+
+/// Family::set_loras for any family: FamilyBase::set_loras, or Error(Unsupported) when `fam`
+/// is not a FamilyBase and `loras` is not empty.
+void set_loras(Family& fam, const std::vector<lora::OpenedLora>& loras, lora::ApplyMode mode);
 
 }  // namespace easel::models

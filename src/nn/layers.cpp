@@ -2,6 +2,7 @@
 #include "nn/layers.h"
 
 #include "core/error.h"
+#include "nn/weight_patch.h"
 
 #include <cmath>
 
@@ -20,9 +21,10 @@ void need_tensor(const Param* p, const char* what) {
 }  // namespace
 
 ggml_tensor* weight_matmul(Ctx& c, const Param& p, ggml_tensor* w, ggml_tensor* x, int64_t row_begin, WeightSide side) {
-    (void)p;
-    (void)row_begin;
-    return side == WeightSide::First ? ggml_mul_mat(c.ctx, w, x) : ggml_mul_mat(c.ctx, x, w);
+    ggml_tensor* y = side == WeightSide::First ? ggml_mul_mat(c.ctx, w, x) : ggml_mul_mat(c.ctx, x, w);
+    // a run-time term bound to the weight (weight_patch.h: a LoRA's s B (A x)), for the rows w holds
+    if (const RuntimeUpdate* u = runtime_update(p)) y = u->apply(c.ctx, x, y, row_begin, w->ne[1], side == WeightSide::First);
+    return y;
 }
 
 // ---------------------------------------------------------------- Linear

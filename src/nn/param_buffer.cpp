@@ -3,6 +3,7 @@
 // Kept apart from block.cpp so that code which only declares blocks (and tests that build
 // parameters by hand) does not need the weight-file readers.
 #include "nn/block.h"
+#include "nn/weight_patch.h"
 
 #include "core/error.h"
 
@@ -258,6 +259,7 @@ std::string check_binding(Block& root, const TensorSource& src, const LoadOption
 // ---------------------------------------------------------------- ParamBuffer
 
 ParamBuffer::~ParamBuffer() {
+    detail::forget_runtime(buf_);  // the run-time updates of its parameters go with it
     if (buf_) ggml_backend_buffer_free(buf_);
     if (ctx_) ggml_free(ctx_);
 }
@@ -269,6 +271,7 @@ ParamBuffer::ParamBuffer(ParamBuffer&& o) noexcept : ctx_(o.ctx_), buf_(o.buf_) 
 
 ParamBuffer& ParamBuffer::operator=(ParamBuffer&& o) noexcept {
     if (this != &o) {
+        detail::forget_runtime(buf_);
         if (buf_) ggml_backend_buffer_free(buf_);
         if (ctx_) ggml_free(ctx_);
         ctx_ = o.ctx_;
@@ -334,6 +337,10 @@ ParamBuffer ParamBuffer::load(Block& root, const TensorSource& src, ggml_backend
 }
 
 void read_param(const TensorSource& src, const std::string& name, const Param& p, const io::TensorInfo& info, ggml_tensor* dst) {
+    // a weight patch registered for this stored tensor (weight_patch.h: a LoRA merged at load)
+    const std::optional<FoundPatch> patch = find_patch(src.index(), info);
+    const bool merge =
+        patch && patch->patches->how(patch->name, p.role, dst->type, detail::row_split_reading()) == WeightPatches::How::Merge;
     const TensorSource::Derived* d = src.derived(name);
     if (d && d->transpose) {
         const io::TensorInfo* st = src.index().find(d->stored);
@@ -342,13 +349,70 @@ void read_param(const TensorSource& src, const std::string& name, const Param& p
         std::vector<float> tr(v.size());
         for (int64_t i = 0; i < rows; ++i)
             for (int64_t j = 0; j < cols; ++j) tr[j * rows + i] = v[i * cols + j];
+        if (merge) patch->patches->merge(patch->name, tr);
         fill_from_f32(dst, tr);
         return;
     }
     io::TensorInfo in = info;
     in.shape = p.shape;  // shapes may differ by size-1 dims only (checked by bind)
+    if (merge) {
+        // F32 values, the update added, then the parameter's type (F16/BF16 rounded as ggml's
+        // converters, quantised types re-quantised)
+        std::vector<float> v = src.index().read_f32(in);
+        patch->patches->merge(patch->name, v);
+        fill_from_f32(dst, v);
+        return;
+    }
     src.index().load_into(in, dst);
 }
+
+namespace {
+
+/// The run-time updates (weight_patch.h) of the parameters just loaded into `owner`: their
+/// tensors in one more buffer of `buft` (the weight's device), bound to each parameter until
+/// `owner` is freed. Parameters without one lose any update an earlier load bound.
+void bind_runtime_updates(ggml_backend_buffer_t owner, ggml_backend_buffer_type_t buft, const TensorSource& src,
+                          const std::vector<std::pair<ggml_tensor*, const Bound*>>& todo) {
+    struct Rt {
+        const Bound* b;
+        FoundPatch patch;
+        std::vector<UpdateTensor> host;
+        std::vector<ggml_tensor*> tensors;
+    };
+    std::vector<Rt> rts;
+    size_t n = 0;
+    for (auto& [tensor, b] : todo) {
+        detail::unbind_runtime(b->param);
+        std::optional<FoundPatch> f = find_patch(src.index(), *b->info);
+        if (!f || f->patches->how(f->name, b->param->role, tensor->type, false) != WeightPatches::How::Runtime) continue;
+        rts.push_back(Rt{b, *f, f->patches->runtime_tensors(f->name), {}});
+        n += rts.back().host.size();
+    }
+    if (rts.empty() || !owner) return;
+    struct Keep {
+        ggml_context* ctx = nullptr;
+        ggml_backend_buffer_t buf = nullptr;
+        ~Keep() {
+            if (buf) ggml_backend_buffer_free(buf);
+            if (ctx) ggml_free(ctx);
+        }
+    };
+    auto keep = std::make_shared<Keep>();
+    keep->ctx = new_param_ctx(n);
+    for (auto& rt : rts)
+        for (size_t i = 0; i < rt.host.size(); ++i) {
+            rt.tensors.push_back(ggml_new_tensor(keep->ctx, GGML_TYPE_F32, 4, rt.host[i].ne.data()));
+            ggml_set_name(rt.tensors.back(), fmt::format("{}.update{}", rt.b->name, i).c_str());
+        }
+    alloc_buffer(keep->ctx, buft, keep->buf);
+    for (auto& rt : rts) {
+        for (size_t i = 0; i < rt.host.size(); ++i) fill_from_f32(rt.tensors[i], rt.host[i].data);
+        detail::bind_runtime(rt.b->param, std::shared_ptr<const RuntimeUpdate>(rt.patch.patches->runtime(rt.patch.name, rt.tensors)), owner,
+                             keep);
+    }
+}
+
+}  // namespace
 
 ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_backend_buffer_type_t buft,
                                      const LoadOptions& opt, const ParamFilter& keep) {
@@ -371,6 +435,7 @@ ParamBuffer ParamBuffer::load_subset(Block& root, const TensorSource& src, ggml_
         read_param(src, b->name, *b->param, *b->info, tensor);
         b->param->tensor = tensor;
     }
+    bind_runtime_updates(pb.buf_, buft, src, todo);
     return pb;
 }
 

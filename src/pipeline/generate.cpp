@@ -5,10 +5,13 @@
 #include "core/platform.h"
 #include "core/strings.h"
 #include "easel_version.h"
+#include "lora/apply.h"
 #include "lora/lora_file.h"
 #include "lora/request.h"
 #include "models/family.h"
 #include "models/recommended.h"
+#include "models/family_base.h"
+#include "models/sd/stable_diffusion.h"
 #include "pipeline/artifact.h"
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
@@ -102,12 +105,14 @@ struct Setup {
     std::vector<lora::LoraRequest> loras;
     /// The model file's recommended sampling settings (easel.* metadata), read when it is opened.
     models::RecommendedSettings recommended;
+    /// --embd-dir's textual-inversion embeddings, read, and their files (the conditioning cache key).
+    std::vector<text::Embedding> embeddings;
+    std::vector<std::string> embedding_files;
 };
 
 /// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
 /// before anything runs: every file found, every weight a number, every LoRA file's keys one of
-/// the known formats. Applying them to the model is not in this build yet: a LoRA of non-zero
-/// weight is refused with that reason rather than ignored.
+/// the known formats, no NaN in them (the fit to the model is checked by apply_loras).
 void check_loras(Setup& s) {
     const GenerateParams& p = s.p;
     (void)lora::parse_apply_mode(p.lora_apply_mode);
@@ -121,19 +126,30 @@ void check_loras(Setup& s) {
             log::info("LoRA '{}' ({}) has weight 0: off", r.name, r.path.string());
             continue;
         }
-        const lora::LoraFile f = lora::LoraFile::open(r.path);
-        f.check_values();
-        fail(ErrorKind::Unsupported,
-             "LoRA '{}' ({}, {} modules) is read and checked, but applying LoRAs to a model is not in this build yet; remove it "
-             "(or give it weight 0) to generate without it",
-             r.name, r.path.string(), f.parsed().patches.size());
+        lora::LoraFile::open(r.path).check_values();  // a malformed file fails here, before the model opens
     }
     if (!p.embd_dir.empty()) {
-        const auto found = text::list_embeddings(p.embd_dir);
-        log::warn("--embd-dir {}: {} embeddings found, but textual-inversion embeddings are not applied by this build yet: their names "
-                  "in the prompt stay text",
-                  p.embd_dir, found.size());
+        // every embedding of the folder, as A1111 loads its embeddings folder; a file that is not
+        // one is named and left out
+        for (const auto& [name, path] : text::list_embeddings(p.embd_dir)) {
+            try {
+                s.embeddings.push_back(text::read_embedding(path));
+                s.embedding_files.push_back(platform::path_utf8(path));
+            } catch (const Error& e) {
+                log::warn("--embd-dir: {} is left out: {}", platform::path_utf8(path), e.what());
+            }
+        }
+        log::info("--embd-dir {}: {} textual-inversion embeddings", p.embd_dir, s.embeddings.size());
     }
+}
+
+/// The job's LoRAs onto the open model (models::set_loras): their values checked, their fit to
+/// the model checked, modules loaded with another set unloaded.
+void apply_loras(const Setup& s, models::Family& fam) {
+    models::set_loras(fam, lora::open_loras(s.loras), lora::parse_apply_mode(s.p.lora_apply_mode));
+    if (auto* sd = dynamic_cast<models::sd::StableDiffusion*>(&fam)) sd->set_embeddings(s.embeddings);
+    else if (!s.embeddings.empty())
+        log::warn("--embd-dir: textual-inversion embeddings are for SD1.x/SD2.x's CLIP text encoders; {} does not use them", fam.name());
 }
 
 /// Frees module m after its stage, unless the job runs on a Generator that keeps its modules.
@@ -383,6 +399,7 @@ std::unique_ptr<models::Family> open_model(Setup& s) {
     apply_family_defaults(s, *fam);
     check_sampling(s, *fam);
     warn_inapplicable_flags(p, *fam);  // --guidance, --prediction, --vae-tile-size XxY the model does not use
+    apply_loras(s, *fam);
     return fam;
 }
 
@@ -552,14 +569,23 @@ void check_memory(models::Family& fam, const Setup& s, int W, int H) {
     });
 }
 
+/// The text-encoder LoRAs of a job (lora::te_lora_key; "" when none).
+std::string te_loras(const Setup& s) { return lora::te_lora_key(s.loras, lora::parse_apply_mode(s.p.lora_apply_mode)); }
+/// The job's active LoRAs (lora::lora_set_key; "" when none).
+std::string all_loras(const Setup& s) { return lora::lora_set_key(s.loras, lora::parse_apply_mode(s.p.lora_apply_mode)); }
+/// A model fingerprint with the LoRAs applied to the module: "FP + LoRAs name@hash:te:unet (mode)",
+/// so that artifacts and checkpoints name the LoRA set they were made with (resume compares it).
+std::string with_loras(std::string fp, const std::string& loras) { return loras.empty() ? fp : fp + " + LoRAs " + loras; }
+
 /// The cache key of a job's prompt conditioning: the text encoders' file identities (path, size,
-/// mtime; nothing is read from them), the prompts, clip skip, CFG on/off, weight type, flash
-/// attention and device.
+/// mtime; nothing is read from them), the text-encoder LoRAs (file hashes, weights, mode), the
+/// --embd-dir embeddings' file identities, the
+/// prompts, clip skip, CFG on/off, weight type, flash attention and device.
 std::string conditioning_key(models::Family& fam, const Setup& s, bool need_negative) {
     const GenerateParams& p = s.p;
     const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam.defaults().clip_skip;
     return cache_key({"conditioning", std::to_string(kArtifactFormatVersion), family_base_name(fam.name()),
-                      file_identity(fam.module_files(Module::Te)), p.prompt, p.negative_prompt, std::to_string(clip_skip),
+                      file_identity(fam.module_files(Module::Te)), te_loras(s), file_identity(s.embedding_files), p.prompt, p.negative_prompt, std::to_string(clip_skip),
                       need_negative ? "neg" : "noneg", p.weight_type, p.flash_attn ? "fa" : "", device_name(s.device)});
 }
 
@@ -602,7 +628,8 @@ PromptConditioning obtain_conditioning(models::Family& fam, const Setup& s, bool
     PromptConditioning c = encode_prompts(fam, p.prompt, p.negative_prompt, clip_skip, need_negative);
     log_stage("encode-prompt", fam, {Module::Te}, meter);
     if (rep) rep->param_bytes += module_bytes(fam, Module::Te).params;
-    if (cache || !p.save_embeddings.empty()) c.model_fingerprint = model_fingerprint(fam.module_files(Module::Te), p.full_fingerprint);
+    if (cache || !p.save_embeddings.empty())
+        c.model_fingerprint = with_loras(model_fingerprint(fam.module_files(Module::Te), p.full_fingerprint), te_loras(s));
     release(fam, s, Module::Te);
     if (cache) cache->put(key, conditioning_artifact(c));
     return c;
@@ -722,7 +749,7 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
         fs::create_directories(platform::u8path(p.checkpoint_dir), ec);
         if (!fs::is_directory(platform::u8path(p.checkpoint_dir), ec))
             fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", p.checkpoint_dir);
-        fp = model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint);
+        fp = with_loras(model_fingerprint(fam.module_files(Module::Diffusion), p.full_fingerprint), all_loras(s));
     }
     const std::string chash = conditioning_hash(cond);
     std::vector<std::vector<float>> out;
@@ -956,6 +983,7 @@ void Generator::Impl::open_for(Setup& s) {
     s.device = device;
     s.recommended = recommended;
     apply_family_defaults(s, *fam);
+    apply_loras(s, *fam);
 }
 
 Generator::Generator(const GenerateParams& base, Options opt) : impl_(std::make_unique<Impl>()) {
@@ -1244,7 +1272,7 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         StageMeter meter;
         const int clip_skip = p.clip_skip > 0 ? p.clip_skip : fam->defaults().clip_skip;
         PromptConditioning c = encode_prompts(*fam, p.prompt, p.negative_prompt, clip_skip, need_negative(s));
-        c.model_fingerprint = model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint);
+        c.model_fingerprint = with_loras(model_fingerprint(fam->module_files(Module::Te), p.full_fingerprint), te_loras(s));
         log_stage("encode-prompt", *fam, {Module::Te}, meter);
         fam->unload(Module::Te);
         write_artifact(platform::u8path(p.save_embeddings), conditioning_artifact(c));

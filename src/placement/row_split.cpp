@@ -1,5 +1,6 @@
 // Row split on ggml's meta device (see row_split.h).
 #include "placement/row_split.h"
+#include "nn/weight_patch.h"
 
 #include "core/error.h"
 #include "core/log.h"
@@ -266,6 +267,8 @@ void RowSplitDevice::load(nn::Block& root, const nn::TensorSource& src, const nn
             ~Free() { ggml_free(c); }
         } free_hc{hc};
         ggml_tensor* h = ggml_new_tensor(hc, td.t->type, 4, td.t->ne);
+        // a LoRA on these parameters is merged here: the meta device takes no run-time terms
+        nn::RowSplitReadScope row_split_read;
         nn::read_param(src, td.name, *td.p, *td.info, h);
         ggml_backend_tensor_set(td.t, h->data, 0, nbytes);
         td.p->tensor = td.t;

@@ -1,6 +1,8 @@
 // SegmentExecutor (see sequence_runner.h).
 #include "runtime/sequence_runner.h"
 
+#include "nn/weight_patch.h"
+
 #include "core/log.h"
 #include "placement/devices.h"
 
@@ -11,6 +13,20 @@
 namespace easel::runtime {
 
 namespace {
+
+/// Run-time LoRA terms (nn/weight_patch.h) live in a buffer of the type load_subset was given: host
+/// memory for weights kept in RAM or read from disk, which only a CPU device reads in its graphs.
+/// Throws Error(Unsupported) when a parameter of `params` has one and `dev` is not a CPU device.
+void refuse_host_runtime_terms(const std::vector<nn::Param*>& params, const std::unordered_map<const nn::Param*, std::string>& names,
+                               ggml_backend_dev_t dev, const std::string& device) {
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) return;
+    for (const nn::Param* p : params)
+        if (nn::runtime_update(*p))
+            fail(ErrorKind::Unsupported,
+                 "{}: a LoRA at run time on weights kept in RAM or on disk for {} is not supported yet; use --lora-apply-mode "
+                 "immediately (merged at load) or keep the module's weights on the device",
+                 names.at(p), device);
+}
 
 uint64_t param_size(const nn::TensorSource& src, const std::string& name, const nn::Param& p, const nn::LoadOptions& opt) {
     const io::TensorInfo* t = src.find(name);
@@ -253,6 +269,7 @@ void SegmentExecutor::load(const placement::ModulePlan& plan) {
             if (ggml_backend_dev_type(pdev) == GGML_BACKEND_DEVICE_TYPE_CPU) hb = ggml_backend_dev_host_buffer_type(d.dev);
             if (!hb) hb = ggml_backend_dev_buffer_type(pdev);
             s.own = nn::ParamBuffer::load_subset(root_, src_, hb, opt_, filter);
+            refuse_host_runtime_terms(s.params, names_, d.dev, d.name);
             record();
             if (s.own.buffer() && ggml_backend_buffer_is_host(s.own.buffer())) {
                 host_now_ += s.own.size();
@@ -466,6 +483,7 @@ void SegmentExecutor::read_from_disk(Seg& s) {
     host_now_ += s.transient.size();
     host_peak_ = std::max(host_peak_, host_now_);
     ++disk_reads_;
+    refuse_host_runtime_terms(s.params, names_, device(s.plan.device).dev, s.plan.device);
     // load_subset bound each parameter to its host tensor: those are the upload sources
     size_t k = 0;
     for (auto& [p, tw] : s.bind) {

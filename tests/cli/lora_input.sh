@@ -2,8 +2,8 @@
 # LoRA and embedding flags of `easel generate` are checked before any model is opened or any stage
 # runs (docs/lora.md): one "error:" line and exit 1 for a missing file, a weight that is not a number,
 # a tag without --lora-model-dir, a name that leaves the folder, a file that is no LoRA, the old
-# cloneofsimo format, NaN weights; a LoRA of weight 0 is off and the image is made. Until the families
-# apply LoRAs, a checked LoRA of non-zero weight is refused saying so (never ignored).
+# cloneofsimo format, NaN weights; a LoRA of weight 0 is off and the image is made; a LoRA named by a
+# tag in a subfolder is applied (its patches counted in the log) and the image is made.
 # Usage: lora_input.sh EASEL_BINARY TEST_DATA_DIR
 set -u
 easel="$1"
@@ -71,8 +71,16 @@ expect_refused "--lora cloneofsimo" "is a cloneofsimo/lora file" "${base[@]}" --
 expect_refused "--lora incomplete pair" "has an up (lora_B) weight without a down (lora_A) weight" "${base[@]}" --lora "$tmp/half.safetensors"
 expect_refused "--lora NaN weights" "holds a non-finite value" "${base[@]}" --lora "$tmp/nan.safetensors:0.5"
 expect_refused "--embd-dir not a folder" "--embd-dir '$tmp/noemb' is not a folder" "${base[@]}" --embd-dir "$tmp/noemb"
-expect_refused "a checked LoRA is not applied yet" "applying LoRAs to a model is not in this build yet" \
-  generate -m "$sd" -p "a cat <lora:deep:0.8>" --lora-model-dir "$tmp/loras" --steps 1 -W 64 -H 64 -t 1 --no-cache -o "$tmp/out.png"
+rm -f "$tmp/out.png"
+"$easel" generate -m "$sd" -p "a cat <lora:deep:0.8>" --lora-model-dir "$tmp/loras" --steps 1 -W 64 -H 64 -t 1 --no-cache \
+  -o "$tmp/out.png" >/dev/null 2>"$tmp/err.txt"
+rc=$?
+if [ "$rc" -eq 0 ] && [ -s "$tmp/out.png" ] && grep -q "LoRA 'deep': 0 text-encoder and 1 diffusion-model patches" "$tmp/err.txt"; then
+  echo "ok   a LoRA named by a tag is applied, the image is made"
+else
+  echo "FAIL <lora:deep:0.8>: exit $rc: $(cat "$tmp/err.txt")"
+  fails=$((fails + 1))
+fi
 
 # weight 0 = off: the image is made, and says so
 "$easel" "${base[@]}" --lora "$tmp/loras/style.safetensors:0" >/dev/null 2>"$tmp/err.txt"

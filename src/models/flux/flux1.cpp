@@ -5,6 +5,7 @@
 #include "core/platform.h"
 #include "core/log.h"
 #include "io/diffusers.h"
+#include "lora/targets.h"
 #include "models/flux/flux_common.h"
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
@@ -389,6 +390,36 @@ sampling::ScheduleOptions Flux1::schedule_options() const { return sched_opt_; }
 void Flux1::check_planned_latent(int64_t h, int64_t w) const {
     if (h <= 0 || w <= 0 || h % 2 != 0 || w % 2 != 0)
         fail(ErrorKind::InvalidInput, "latent size {}x{}: FLUX.1 needs an even number of latent cells", w, h);
+}
+
+void Flux1::lora_targets(LoraTargets& t) {
+    const bool bfl = dsrc_.layout == FluxLayout::Bfl;
+    FluxDiT dit(dcfg_, bfl);
+    lora::add_flux1_targets(t.km, dit, dcfg_, bfl);
+    auto ds = std::make_unique<nn::TensorSource>(*dit_idx_, dsrc_.prefix);
+    configure_flux_source(*ds, dcfg_, dsrc_);
+    t.sources["dit"] = std::move(ds);
+    if (!clip_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        clip::ClipKeys keys;
+        clip::ClipConfig cfg;
+        const io::WeightIndex& ci = clip_headers(own, keys, cfg);
+        clip::ClipTextModel clip(cfg);
+        lora::add_clip_targets(t.km, "clip_l", 0, clip, cfg);
+        t.sources["clip_l"] = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ci, keys, cfg));
+        if (own) t.own.push_back(std::move(own));
+    }
+    if (!t5_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        t5::T5Keys keys;
+        t5::T5Config cfg;
+        const io::WeightIndex& ti = t5_headers(own, keys, cfg);
+        t5::T5Encoder t5(cfg);
+        lora::add_t5_targets(t.km, 1, t5);
+        t.sources["t5xxl"] = std::make_unique<nn::TensorSource>(t5::make_tensor_source(ti, keys));
+        if (own) t.own.push_back(std::move(own));
+    }
+    t.info = {"FLUX.1", dcfg_.hidden, "hidden"};
 }
 
 void Flux1::add_modules() {

@@ -113,6 +113,10 @@ public:
     /// The guidance value dev's embedder receives (FamilyOptions::guidance).
     float guidance() const { return guidance_; }
 
+protected:
+    /// The DiT ("dit"), CLIP-L ("clip_l", te 0) and T5 ("t5xxl", te 1) when their files are given.
+    void lora_targets(LoraTargets& t) override;
+
 private:
     Flux1(const ModelFiles& files, const FamilyOptions& opt);
     /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) --t5xxl (or the

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/diffusers.h"
+#include "lora/targets.h"
 #include "models/flux/flux_common.h"
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"
@@ -522,6 +523,27 @@ const io::WeightIndex& Flux2Klein::te_headers(std::unique_ptr<io::WeightIndex>& 
         fail(ErrorKind::ModelMismatch, "{}: the text encoder has {} layers; FLUX.2 Klein reads hidden state {} and needs at least {} ({})",
              te_src_.named(), cfg.layers, need_layers, need_layers, expected);
     return *ti;
+}
+
+void Flux2Klein::lora_targets(LoraTargets& t) {
+    const FluxSource src = *find_flux2_dit(*dit_idx_);
+    const bool bfl = src.layout == FluxLayout::Bfl;
+    Flux2DiT dit(dcfg_, bfl);
+    lora::add_flux2_targets(t.km, dit, dcfg_, bfl);
+    auto ds = std::make_unique<nn::TensorSource>(*dit_idx_, src.prefix);
+    configure_flux2_source(*ds, dcfg_, src);
+    t.sources["dit"] = std::move(ds);
+    if (!te_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        qwen3::Qwen3Keys keys;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(own, keys, qc);
+        qwen3::Qwen3Model q(qc);
+        lora::add_qwen3_targets(t.km, 0, q, qc);
+        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, keys, qc));
+        if (own) t.own.push_back(std::move(own));
+    }
+    t.info = {"FLUX.2 Klein", dcfg_.hidden, "hidden"};
 }
 
 void Flux2Klein::add_modules() {

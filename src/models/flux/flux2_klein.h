@@ -163,6 +163,10 @@ public:
     /// The BatchNorm statistics of the VAE (read at open).
     const Flux2LatentStats& latent_stats() const { return stats_; }
 
+protected:
+    /// The transformer ("dit") and the Qwen3 text encoder ("qwen3", te 0) when its file is given.
+    void lora_targets(LoraTargets& t) override;
+
 private:
     Flux2Klein(const ModelFiles& files, const FamilyOptions& opt);
     /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) a file that holds no

@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
+#include "lora/targets.h"
 #include "models/model_files.h"
 #include "runtime/placed_sequence.h"
 #include "text/prompt_syntax.h"
@@ -312,6 +313,25 @@ void StableDiffusion::te_loaded(const clip::ClipKeys& keys, const clip::ClipConf
     te_desc_ = fmt::format("width {} x {} layers", ccfg.width, ccfg.layers);
 }
 
+void StableDiffusion::lora_targets(LoraTargets& t) {
+    UNet2DCondition unet(ucfg_);
+    lora::add_unet_targets(t.km, unet, ucfg_);
+    t.sources["unet"] = std::make_unique<nn::TensorSource>(make_unet_source(*dit_idx_, ucfg_));
+    if (!te_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        clip::ClipKeys keys;
+        clip::ClipConfig ccfg;
+        const io::WeightIndex& ti = te_headers(own, keys, ccfg);
+        clip::ClipTextModel clip(ccfg);
+        lora::add_clip_targets(t.km, te_lora_component(), 0, clip, ccfg);
+        t.sources[te_lora_component()] = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, keys, ccfg));
+        if (own) t.own.push_back(std::move(own));
+    }
+    t.info.family = is_sd2() ? "SD2.x" : "SD1.x";
+    t.info.width = ucfg_.context_dim;
+    t.info.width_name = "context";
+}
+
 void StableDiffusion::add_modules() {
     // te: the CLIP text encoder
     ModuleSlot<TeWhole, PlacedTe>::Hooks th;
@@ -423,15 +443,41 @@ void StableDiffusion::add_modules() {
 Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {
     load(Module::Te);
     if (clip_skip <= 0) clip_skip = defaults().clip_skip;
+    PlacedTe* placed = te_->placed();
+    const clip::ClipConfig& cfg = placed ? placed->base : te_->whole()->net->config();
+    // textual inversion: the embeddings of this encoder's width, by name (A1111's lookup)
+    text::EmbeddingLookup lookup;
+    std::vector<const std::vector<float>*> emb_vectors;
+    for (const text::Embedding& e : embeddings_) {
+        const std::vector<float>* v = e.for_width(cfg.width);
+        if (!v) continue;
+        lookup.add(text::ClipTokenizer::builtin(), (int)emb_vectors.size(), e.name, (int)e.n_vectors);
+        emb_vectors.push_back(v);
+    }
     text::ChunkOptions co;
     co.pad_id = pad_id_;
+    if (!lookup.empty()) co.embeddings = &lookup;
     auto chunks = text::tokenize_weighted(text::ClipTokenizer::builtin(), prompt, co);
     const int64_t L = text::ClipTokenizer::kMaxLength;
     const int64_t n = (int64_t)chunks.ids.size();
     std::vector<int32_t> ids;
     for (auto& c : chunks.ids) ids.insert(ids.end(), c.begin(), c.end());
-    PlacedTe* placed = te_->placed();
-    const clip::ClipConfig& cfg = placed ? placed->base : te_->whole()->net->config();
+    // the embedding inputs of every window (h = token_embedding(ids) * keep + fix), when one is named
+    std::vector<float> emb_keep, emb_fix;
+    bool any_fix = false;
+    for (const auto& f : chunks.fixes) any_fix = any_fix || !f.empty();
+    if (any_fix)
+        for (int64_t k = 0; k < n; ++k) {
+            text::EmbeddingInputs ei = text::embedding_inputs(chunks, (size_t)k, emb_vectors, cfg.width);
+            emb_keep.insert(emb_keep.end(), ei.keep.begin(), ei.keep.end());
+            emb_fix.insert(emb_fix.end(), ei.fix.begin(), ei.fix.end());
+        }
+    const int64_t width = cfg.width;
+    auto add_embeddings = [&](runtime::GraphBuilder& g, clip::ClipInputs& in) {
+        if (!any_fix) return;
+        in.embed_keep = g.input_f32("embed_keep", {1, L, n}, emb_keep);
+        in.embed_fix = g.input_f32("embed_fix", {width, L, n}, emb_fix);
+    };
     for (int32_t id : ids)
         if (id < 0 || id >= cfg.vocab)
             fail(ErrorKind::ModelMismatch, "token id {} is outside the text encoder's vocabulary of {} (not a CLIP text encoder?)", id,
@@ -460,6 +506,7 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
             [&](runtime::GraphBuilder& g) {
                 clip::ClipInputs in;
                 in.ids = g.input_i32("ids", {L, n}, ids);
+                add_embeddings(g, in);
                 return in;
             },
             te_select, fmt::format("CLIP text encoder {} of {} layers (clip skip {}), {} x {} tokens", pt.net->n_blocks(), pt.base.layers, k, n, L));
@@ -474,6 +521,7 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
             nn::Ctx c{g.ctx(), opt_.flash_attn_te};
             clip::ClipInputs in;
             in.ids = g.input_i32("ids", {L, n}, ids);
+            add_embeddings(g, in);
             auto enc = te.net->encode(c, in, eo);
             return std::vector<ggml_tensor*>{enc.context};
         });

@@ -69,7 +69,12 @@ public:
     int64_t diffusion_in_channels() const override { return ucfg_.in_channels; }
     /// Conditioning: context [77k, D], token_ids [77k] (the ids the encoder saw, padded) and
     /// token_weights [77k] (A1111 emphasis, all 1 without emphasis); no pooled vector or mask.
+    /// Prompt -> conditioning. Textual-inversion names (set_embeddings) in the prompt's tokens
+    /// take the embeddings' vectors after the token embedding layer (text/embeddings.h).
     Conditioning encode_prompt(const std::string& prompt, int clip_skip) override;
+    /// Textual-inversion embeddings (--embd-dir) the prompts may name from now on; those without
+    /// vectors of the text encoder's width are never matched (as A1111). Empty: none.
+    void set_embeddings(std::vector<text::Embedding> embeddings) { embeddings_ = std::move(embeddings); }
     void diffusion(std::span<const float> x, std::span<const float> concat, int64_t h, int64_t w, double timestep,
                    const Conditioning& cond, std::span<float> out) override;
     vae::HostTensor decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) override;
@@ -82,8 +87,15 @@ public:
     bool is_inpaint() const { return ucfg_.in_channels == 9; }
     bool uses_taesd() const { return decodes_with_taesd(); }
 
+protected:
+    /// The UNet ("unet") and the CLIP text encoder ("clip_l" / "openclip_h", te 0); the model is
+    /// described by its cross-attention (context) width.
+    void lora_targets(LoraTargets& t) override;
+
 private:
     StableDiffusion(const ModelFiles& files, const FamilyOptions& opt);
+    /// The KeyMap component name of the text encoder: "openclip_h" (SD2.x), else "clip_l".
+    std::string te_lora_component() const { return is_sd2() ? "openclip_h" : "clip_l"; }
 
     /// Registers the module slots (te: the CLIP text encoder for one 77-token window at the
     /// default clip skip when costed; diffusion: the UNet for a batch-1 evaluation with a
@@ -130,6 +142,7 @@ private:
     ModuleSlot<UNetWhole, PlacedUNet>* unet_ = nullptr;
     int32_t pad_id_ = text::ClipTokenizer::kEos;
     std::string te_desc_;
+    std::vector<text::Embedding> embeddings_;  ///< set_embeddings
 };
 
 }  // namespace easel::models::sd

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
+#include "lora/targets.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3_row_split.h"
 #include "models/zimage/z_image_row_split.h"
@@ -263,6 +264,25 @@ const text::QwenTokenizer& ZImage::tokenizer() const {
     if (tokenizer_json_.empty()) return text::QwenTokenizer::builtin();
     own_tokenizer_ = std::make_unique<text::QwenTokenizer>(text::QwenTokenizer::from_file(tokenizer_json_));
     return *own_tokenizer_;
+}
+
+void ZImage::lora_targets(LoraTargets& t) {
+    ZImageDiT dit(dcfg_);
+    lora::add_zimage_targets(t.km, dit, dcfg_);
+    auto keys = find_zimage_dit(*dit_idx_);
+    if (!keys) fail(ErrorKind::ModelMismatch, "{}: no Z-Image transformer found", dit_src_.named());
+    t.sources["dit"] = std::make_unique<nn::TensorSource>(make_tensor_source(*dit_idx_, *keys, dcfg_));
+    if (!te_src_.empty()) {
+        std::unique_ptr<io::WeightIndex> own;
+        qwen3::Qwen3Keys qk;
+        qwen3::Qwen3Config qc;
+        const io::WeightIndex& ti = te_headers(own, qk, qc);
+        qwen3::Qwen3Model q(qc);
+        lora::add_qwen3_targets(t.km, 0, q, qc);
+        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, qk, qc));
+        if (own) t.own.push_back(std::move(own));
+    }
+    t.info = {"Z-Image", dcfg_.dim, "hidden"};
 }
 
 void ZImage::add_modules() {

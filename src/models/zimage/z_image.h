@@ -108,6 +108,10 @@ public:
     /// tokenized, truncated to kMaxPromptTokens. Needs no loaded module.
     std::vector<int32_t> prompt_ids(const std::string& prompt) const;
 
+protected:
+    /// The transformer ("dit") and the Qwen3 text encoder ("qwen3", te 0) when its file is given.
+    void lora_targets(LoraTargets& t) override;
+
 private:
     ZImage(const ModelFiles& files, const FamilyOptions& opt);
     /// Registers the module slots. load(Te) refuses (Error(ModelMismatch)) a file that holds no
