@@ -41,6 +41,9 @@ EASEL_COMMAND(
                    "  easel plan -m flux1-dev.safetensors -W 1024 -H 1024 --auto-fit --max-vram 8");
         return [p, common]() -> int {
             cli::apply_common_options(*common);
+            if (p->hires)
+                log::warn("--hires: this plan is for the first pass at {}x{}; the second pass runs at the hires size (plan with -W/-H of "
+                          "that size to see it, docs/hires.md)", p->width, p->height);
             // the upscaler (--upscale-model): its own stage after decode, planned for one tile
             auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
                 if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;
