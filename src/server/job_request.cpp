@@ -232,7 +232,7 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
         }
         r.hr_upscaler = up;
         hf.only_empty("custom_sigmas", "the server's hires pass cuts its schedule by denoising_strength");
-        hf.only("upscale_tile_size", nullptr, "the upscaler's tile is the server's --upscale-tile-size");
+        hf.only("upscale_tile_size", 128, "the upscaler's tile is the server's --upscale-tile-size (sd.cpp's default 128 is accepted)");
         if (!r.hires) r.hr_upscaler.clear();
     }
 }
