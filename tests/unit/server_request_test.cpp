@@ -38,7 +38,7 @@ void expect_refused(F&& f, int status, const std::string& field) {
     } catch (const ApiError& e) {
         EXPECT_EQ(e.status(), status) << e.what();
         EXPECT_EQ(e.field(), field) << e.what();
-        if (!field.empty()) EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+        if (!field.empty()) { EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what(); }
     }
 }
 
@@ -132,8 +132,8 @@ TEST(ServerRequest, A1111Txt2imgAsDocumented) {
 TEST(ServerRequest, A1111HiresFix) {
     const Limits lim;
     // A1111's txt2img hires fields; denoising_strength defaults to A1111's 0.75
-    JobRequest r = parse_a1111(json::parse(R"({"prompt": "p", "enable_hr": true, "hr_scale": 1.5, "hr_upscaler": "Latent (nearest)",
-        "hr_second_pass_steps": 6, "hr_resize_x": 0, "hr_resize_y": 0, "hr_sampler_name": null, "hr_prompt": ""})"), false, lim);
+    JobRequest r = parse_a1111(json::parse(R"j({"prompt": "p", "enable_hr": true, "hr_scale": 1.5, "hr_upscaler": "Latent (nearest)",
+        "hr_second_pass_steps": 6, "hr_resize_x": 0, "hr_resize_y": 0, "hr_sampler_name": null, "hr_prompt": ""})j"), false, lim);
     EXPECT_TRUE(r.hires);
     EXPECT_EQ(r.hr_scale, 1.5);
     EXPECT_EQ(r.hr_upscaler, "Latent (nearest)");
