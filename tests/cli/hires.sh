@@ -44,7 +44,7 @@ check "--hires with an ESRGAN model by name, batch of 2" $? "$(cat "$tmp/log")"
 [ "$(png_size "$tmp/e.png")" = "128x128" ] && [ "$(png_size "$tmp/e_2.png")" = "128x128" ]
 check "64x64 -> 128x128 (x4 model, then Lanczos down to the target) ($(png_size "$tmp/e.png"))" $? ""
 grep -aq "Size: 64x64, .*Denoising strength: 0.5, .*Hires upscale: 2, Hires steps: 2, Hires upscaler: srvgg_x4_tiny" "$tmp/e.png"
-check "A1111's hires infotext fields" $? "$(grep -a "Steps:" "$tmp/e.png" | head -c 400)"
+check "A1111's hires infotext fields" $? "$(grep -a "Steps:" "$tmp/e.png" | tr -d "\\0" | head -c 400)"
 
 "$easel" "${gen[@]}" --hires --hires-upscaler "latent (bicubic)" --hires-width 96 -o "$tmp/l.png" > "$tmp/log" 2>&1
 check "--hires Latent (bicubic) --hires-width 96" $? "$(cat "$tmp/log")"
