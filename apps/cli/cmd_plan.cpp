@@ -42,6 +42,9 @@ EASEL_COMMAND(
         return [p, common, &sub]() -> int {
             cli::apply_common_options(*common);
             cli::resolve_generate_options(sub, *p);
+            if (p->hires)
+                log::warn("--hires: this plan is for the first pass at {}x{}; the second pass runs at the hires size (plan with -W/-H of "
+                          "that size to see it, docs/hires.md)", p->width, p->height);
             // the upscaler (--upscale-model): its own stage after decode, planned for one tile
             auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
                 if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;

@@ -56,6 +56,16 @@ void refuse_job_file_flags(const CLI::App& sub) {
                  "into --state-dir", f);
 }
 
+/// The hires fix is asked per request (A1111 enable_hr / hr_*, sd.cpp's hires object); only
+/// --hires-upscalers-dir (the models /sdapi/v1/upscalers lists) belongs to the server.
+void refuse_job_hires_flags(const CLI::App& sub) {
+    for (const char* f : {"--hires", "--hires-upscaler", "--hires-scale", "--hires-width", "--hires-height", "--hires-steps",
+                          "--hires-denoising-strength", "--hires-sigmas"})
+        if (sub.count(f) > 0)
+            fail(ErrorKind::InvalidInput, "{} is a flag of one job, not of the server: send enable_hr and hr_* (A1111) or hires {{...}} "
+                 "(sd.cpp) with the request", f);
+}
+
 EASEL_COMMAND(
     "server", "Serve the OpenAI images, AUTOMATIC1111 and easel jobs APIs and a web page (sd-server's flags)",
     [](CLI::App& sub) -> std::function<int()> {
@@ -94,6 +104,7 @@ EASEL_COMMAND(
         return [p, common, s, &sub]() -> int {
             cli::apply_common_options(*common);
             refuse_job_file_flags(sub);
+            refuse_job_hires_flags(sub);
             cli::resolve_generate_options(sub, *p);  // which of --steps / --cfg-scale were given; prompt files; notes
             if (const CLI::Option* o = sub.get_option_no_throw("--lora-model-dir"); o && s->lora_dir.empty() && o->count() > 0)
                 s->lora_dir = o->as<std::string>();

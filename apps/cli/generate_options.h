@@ -63,6 +63,31 @@ inline int run_upscale_mode(const pipeline::GenerateParams& p) {
 }
 
 /// Adds every generation option to `app`, bound to `p`. Flag names and defaults follow
+/// Adds sd-cli's hires-fix flags (--hires, --hires-upscaler, --hires-upscalers-dir, --hires-scale,
+/// --hires-width/--hires-height, --hires-steps, --hires-denoising-strength, --hires-sigmas) to `app`.
+inline void add_hires_options(CLI::App& app, pipeline::GenerateParams& p) {
+    const char* g = "Hires fix";
+    app.add_flag("--hires", p.hires, "Hires fix (A1111): a second img2img pass at --hires-scale x the size")->group(g);
+    app.add_option("--hires-upscaler", p.hires_upscaler,
+                   "Hires upscaler: Latent, Latent (nearest), Latent (nearest-exact), Latent (antialiased), Latent (bicubic), "
+                   "Latent (bicubic antialiased), Lanczos, Nearest, an upscaler model name in --hires-upscalers-dir (or the stem of "
+                   "--upscale-model, or a file path); None turns the hires fix off (default: Latent)")
+        ->group(g);
+    app.add_option("--hires-upscalers-dir", p.hires_upscalers_dir, "Folder of upscaler models that --hires-upscaler names (NAME.pth, .safetensors ...)")
+        ->group(g);
+    app.add_option("--hires-scale", p.hires_scale, "Hires target = this x the size, when --hires-width/--hires-height are 0 (default: 2.0)")->group(g);
+    app.add_option("--hires-width", p.hires_width, "Hires target width in pixels, 0 to use --hires-scale (default: 0)")
+        ->check(CLI::Range(0, (int)kMaxImageSide))
+        ->group(g);
+    app.add_option("--hires-height", p.hires_height, "Hires target height in pixels, 0 to use --hires-scale (default: 0)")
+        ->check(CLI::Range(0, (int)kMaxImageSide))
+        ->group(g);
+    app.add_option("--hires-steps", p.hires_steps, "Steps the second pass runs, 0 to reuse --steps (default: 0)")->check(CLI::Range(0, 10000))->group(g);
+    app.add_option("--hires-denoising-strength", p.hires_denoising_strength, "Second pass denoising strength, (0, 1] (default: 0.7)")->group(g);
+    app.add_option("--hires-sigmas", p.hires_sigmas, "The second pass's sigmas, comma-separated (e.g. \"0.85,0.725,0.42,0.0\"); replaces the cut schedule")
+        ->group(g);
+}
+
 /// stable-diffusion.cpp's sd-cli (examples/cli/README.md there).
 inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     // A flag given twice takes its last value, as sd-cli does (scripts often append overrides).
@@ -171,6 +196,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
         ->group(g);
 
     add_upscale_options(app, p);
+    add_hires_options(app, p);
 
     g = "Execution";
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);

@@ -16,6 +16,7 @@
 #include "pipeline/cache.h"
 #include "pipeline/fingerprint.h"
 #include "pipeline/flag_checks.h"
+#include "pipeline/hires.h"
 #include "pipeline/image_io.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/png_meta.h"
@@ -108,6 +109,11 @@ struct Setup {
     /// --embd-dir's textual-inversion embeddings, read, and their files (the conditioning cache key).
     std::vector<text::Embedding> embeddings;
     std::vector<std::string> embedding_files;
+    /// DenoiseJob::start_step (the hires fix's second pass); -1: the cut from --strength.
+    int start_step = -1;
+    /// Infotext: a denoising strength and fields after the fixed ones (the hires fix's).
+    std::optional<double> info_strength;
+    std::vector<std::pair<std::string, std::string>> info_extra;
 };
 
 /// --lora, --lora-model-dir with the prompts' tags, --lora-apply-mode and --embd-dir, checked
@@ -220,6 +226,12 @@ Setup resolve(const GenerateParams& params) {
     if ((p.resume || p.resume_step >= 0) && p.checkpoint_dir.empty())
         fail(ErrorKind::InvalidInput, "--resume/--resume-step need --checkpoint-dir DIR (where the checkpoints are)");
     if (p.cache_max_mib < 0) fail(ErrorKind::InvalidInput, "--cache-max-mib {} must be >= 0", p.cache_max_mib);
+    // sd-cli: --hires-upscaler None turns the hires fix off
+    if (p.hires && !p.hires_a1111_none && ascii_lower(p.hires_upscaler) == "none") {
+        log::info("--hires-upscaler None: no hires fix");
+        p.hires = false;
+    }
+    check_hires_flags(p);
     // Names given are checked now (fail fast); absent ones take the family's defaults once the
     // model is open (apply_family_defaults).
     // Any name of the one table (sampling/names.h): easel / sd-cli, A1111 ("DPM++ 2M Karras"), ComfyUI.
@@ -684,6 +696,8 @@ std::string infotext_for(const Setup& s, const PromptConditioning& c, int64_t im
     gi.height = H;
     gi.model = model_stem(p);
     if (has_init) gi.denoising_strength = as_written(p.strength);
+    if (s.info_strength) gi.denoising_strength = s.info_strength;
+    gi.extra = s.info_extra;
     gi.clip_skip = c.clip_skip;
     gi.rng = s.rng_kind == sampling::RngKind::Cpu ? "CPU" : s.rng_kind == sampling::RngKind::Cuda ? "NV" : "std_default";
     return format_infotext(make_infotext(gi));
@@ -703,6 +717,7 @@ DenoiseJob make_job(const Setup& s, int64_t img_seed, int W, int H) {
     j.width = W;
     j.height = H;
     j.strength = s.p.strength;
+    j.start_step = s.start_step;
     return j;
 }
 
@@ -734,14 +749,19 @@ std::optional<sampling::SamplerState> resume_state(const Setup& s, int b, const 
     return st;
 }
 
-/// Denoises the batch; the final latents (diffusion space) in batch order.
+/// Image b's own inputs (the hires fix's second pass: each image its own init latent): fills in
+/// the DenoiseInputs and the init hash.
+using PerImageInputs = std::function<void(int b, DenoiseInputs& in, std::string& init_hash)>;
+
+/// Denoises the batch; the final latents (diffusion space) in batch order. `infotexts` gets each
+/// image's infotext, unless it already holds one for that image (then that one is kept and stored
+/// with --save-latent).
 std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& s, const PromptConditioning& cond, const DenoiseInputs& base,
                                               const std::string& init_hash, int W, int H, const ProgressFn& progress,
                                               std::vector<double>* step_s, std::vector<std::string>* infotexts,
                                               size_t* param_bytes = nullptr, const StepFn& on_step = {},
-                                              bool* stopped = nullptr) {
+                                              bool* stopped = nullptr, const PerImageInputs& per_image = {}) {
     const GenerateParams& p = s.p;
-    const bool has_init = base.init_posterior || base.init_latent;
     std::string fp;
     const bool ckpt = !p.checkpoint_dir.empty();
     if (ckpt) {
@@ -757,12 +777,16 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
     fam.load(Module::Diffusion);
     for (int b = 0; b < p.batch_count; ++b) {
         const int64_t img_seed = s.seed + b;
+        DenoiseInputs in = base;
+        std::string ihash = init_hash;
+        if (per_image) per_image(b, in, ihash);
+        const bool has_init = in.init_posterior || in.init_latent;
         DenoiseJob job = make_job(s, img_seed, W, H);
         DenoiseControl ctl;
         ctl.image = b;
         if (ckpt) {
             ctl.checkpoint_dir = platform::u8path(p.checkpoint_dir);
-            ctl.job = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
+            ctl.job = job_params(job, family_base_name(fam.name()), fp, chash, ihash);
             ctl.resume = resume_state(s, b, ctl.job, job_schedule(fam, job, has_init));
         }
         if (progress) ctl.progress = [&, b](int step, int steps, double dt) { progress(b, step, steps, dt); };
@@ -779,12 +803,12 @@ std::vector<std::vector<float>> denoise_batch(models::Family& fam, const Setup& 
                 si.w = W / fam.latent_format().spatial_factor;
                 return on_step(si);
             };
-        DenoiseResult r = denoise(fam, job, base, ctl);
+        DenoiseResult r = denoise(fam, job, in, ctl);
         if (step_s) step_s->insert(step_s->end(), r.step_s.begin(), r.step_s.end());
-        if (infotexts) infotexts->push_back(infotext_for(s, cond, img_seed, W, H, has_init));
+        if (infotexts && (int)infotexts->size() <= b) infotexts->push_back(infotext_for(s, cond, img_seed, W, H, has_init));
         if (!p.save_latent.empty()) {
-            nlohmann::json pj = job_params(job, family_base_name(fam.name()), fp, chash, init_hash);
-            pj["infotext"] = infotext_for(s, cond, img_seed, W, H, has_init);
+            nlohmann::json pj = job_params(job, family_base_name(fam.name()), fp, chash, ihash);
+            pj["infotext"] = infotexts ? (*infotexts)[(size_t)b] : infotext_for(s, cond, img_seed, W, H, has_init);
             const auto lf = fam.latent_format();
             write_artifact(platform::u8path(batch_output_path(p.save_latent, b, p.batch_count)),
                            latent_artifact(r.latent, lf.channels, H / lf.spatial_factor, W / lf.spatial_factor, fam, pj));
@@ -826,6 +850,129 @@ void log_peaks_after_encode(const models::Family& fam) {
         return;
     log::info("placement: peak bytes per device after the image encode, measured beside the plan's prediction:\n{}",
               placement::format_peaks(plans, fam.placement_peaks()));
+}
+
+/// A hires job's upscaler and target (pipeline/hires.h), resolved before any stage.
+struct HiresPlan {
+    HiresUpscaler up;
+    HiresTarget target;
+    std::unique_ptr<ImageUpscaler> model;  ///< Kind::Model: the ESRGAN network (headers only until used)
+};
+
+/// An image upscaled to w x h by the hires upscaler (A1111 images.resize_image, mode "Just
+/// resize"): Lanczos / Nearest as PIL; a model runs until both sides reach the target (at most 3
+/// passes, Upscaler.upscale), then a Lanczos resize to w x h.
+Image hires_upscale_image(const Image& img, int w, int h, HiresPlan& hp, GenerateReport& rep) {
+    switch (hp.up.kind) {
+    case HiresUpscaler::Kind::Nearest: return resize_nearest_pil(img, w, h);
+    case HiresUpscaler::Kind::Lanczos: return resize_lanczos_pil(img, w, h);
+    case HiresUpscaler::Kind::Model: {
+        Image cur = img;
+        for (int pass = 0; pass < 3 && (cur.width < w || cur.height < h); ++pass) {
+            UpscaleReport r;
+            cur = hp.model->upscale(cur, &r);
+            log::info("hires fix: {}", format_upscale_report(*hp.model, r));
+            rep.upscale_s += r.seconds;
+            rep.upscale_peak_bytes = r.peaks;
+        }
+        return resize_lanczos_pil(cur, w, h);
+    }
+    case HiresUpscaler::Kind::Latent: break;
+    }
+    fail(ErrorKind::Internal, "hires_upscale_image: a latent upscaler");
+}
+
+/// The hires fix's second pass (pipeline/hires.h) over the first pass's latents (W x H pixels):
+/// the upscale (latent interpolation; or decode (VAE decoder, freed), pixel upscaler (freed),
+/// encode (VAE encoder, freed)), then img2img at the target size with the job's seeds, prompts,
+/// sampler and CFG, the last N steps of int(N / strength) (or --hires-sigmas). Checkpoints go to
+/// <checkpoint-dir>/hires; --resume continues there when that pass has checkpoints. Returns the
+/// latents at hp.target's size.
+std::vector<std::vector<float>> hires_pass(models::Family& fam, const Setup& s, const PromptConditioning& cond,
+                                           const std::vector<std::vector<float>>& lowres, int W, int H, HiresPlan& hp,
+                                           const vae::TilingOptions& tiling, const ProgressFn& progress, GenerateReport& rep,
+                                           std::vector<std::string>& infotexts, const StepFn& on_step) {
+    const GenerateParams& p = s.p;
+    const HiresTarget& t = hp.target;
+    const auto lf = fam.latent_format();
+    const int f = lf.spatial_factor;
+    const int64_t C = lf.channels, h = H / f, w = W / f, uh = t.up_height / f, uw = t.up_width / f, th = t.height / f, tw = t.width / f;
+    const size_t n = lowres.size();
+    std::vector<std::vector<float>> init_lat(n);
+    std::vector<vae::LatentDist> init_post(n);
+    std::vector<std::string> hashes(n);
+    auto tv = Clock::now();
+    if (hp.up.is_latent()) {
+        for (size_t b = 0; b < n; ++b) {
+            const auto z = interpolate_latent(lowres[b], C, h, w, uh, uw, hp.up.mode, hp.up.antialias);
+            init_lat[b] = crop_latent(z, C, uh, uw, t.crop_x, t.crop_y, tw, th);
+            hashes[b] = xxh3_hex(std::span<const uint8_t>((const uint8_t*)init_lat[b].data(), init_lat[b].size() * sizeof(float)));
+        }
+        log::info("hires fix: {} upscale of the latent {}x{} -> {}x{} cells{}", hp.up.name, w, h, uw, uh,
+                  uw != tw || uh != th ? fmt::format(", cropped to {}x{}", tw, th) : "");
+    } else {
+        std::vector<Image> imgs;
+        {
+            StageMeter meter;
+            for (size_t b = 0; b < n; ++b) imgs.push_back(decode_latent(fam, lowres[b], h, w, tiling));
+            log_stage("hires decode", fam, {Module::VaeDecoder}, meter);
+            release(fam, s, Module::VaeDecoder);
+        }
+        for (Image& im : imgs) im = hires_upscale_image(im, t.up_width, t.up_height, hp, rep);
+        hp.model.reset();  // the upscaler's weights are freed before the encoder loads
+        log::info("hires fix: {} upscale of the image {}x{} -> {}x{}", hp.up.name, W, H, t.up_width, t.up_height);
+        StageMeter meter;
+        for (size_t b = 0; b < n; ++b) {
+            vae::LatentDist d = encode_image(fam, imgs[b], tiling);
+            imgs[b] = Image{};
+            if (uw != tw || uh != th) {
+                auto cut = [&](vae::HostTensor& x) {
+                    vae::HostTensor r(1, C, th, tw);
+                    r.data = crop_latent(x.data, C, uh, uw, t.crop_x, t.crop_y, tw, th);
+                    x = std::move(r);
+                };
+                cut(d.mean);
+                cut(d.logvar);
+            }
+            hashes[b] = artifact_data_hash(posterior_artifact(d, fam, {}));
+            init_post[b] = std::move(d);
+        }
+        log_stage("hires encode", fam, {Module::VaeEncoder}, meter);
+        release(fam, s, Module::VaeEncoder);
+        log_peaks_after_encode(fam);
+    }
+    rep.vae_s += since(tv);
+
+    Setup s2 = s;
+    s2.p.batch_count = (int)n;
+    s2.p.strength = p.hires_denoising_strength;
+    s2.sigmas.clear();  // a first-pass --sigmas is that pass's
+    if (!p.hires_sigmas.empty()) {
+        s2.sigmas = sampling::parse_sigmas(p.hires_sigmas);
+        s2.p.steps = (int)s2.sigmas.size() - 1;
+        s2.start_step = 0;
+    } else {
+        const HiresSchedule hs = hires_schedule(p.hires_steps > 0 ? p.hires_steps : p.steps, as_written(p.hires_denoising_strength));
+        s2.p.steps = hs.schedule_steps;
+        s2.start_step = hs.start;
+    }
+    if (!p.checkpoint_dir.empty()) {
+        const fs::path dir = platform::u8path(p.checkpoint_dir) / "hires";
+        s2.p.checkpoint_dir = platform::path_utf8(dir);
+        s2.p.resume = (p.resume || p.resume_step >= 0) && find_checkpoint(dir, 0).has_value();
+        s2.p.resume_step = -1;
+    }
+    log::info("hires fix: second pass {}x{}, {} of {} steps, denoising strength {}", t.width, t.height, s2.p.steps - s2.start_step, s2.p.steps,
+              as_written(p.hires_denoising_strength));
+    DenoiseInputs base;
+    base.cond = &cond;
+    auto per_image = [&](int b, DenoiseInputs& in, std::string& ih) {
+        if (hp.up.is_latent()) in.init_latent = &init_lat[(size_t)b];
+        else in.init_posterior = &init_post[(size_t)b];
+        ih = "xxh3-128:" + hash_parts({"hires", hashes[(size_t)b]});
+    };
+    return denoise_batch(fam, s2, cond, base, "", t.width, t.height, progress, &rep.step_s, &infotexts, nullptr, on_step, &rep.interrupted,
+                         per_image);
 }
 
 }  // namespace
@@ -1123,8 +1270,32 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     // for the memory check's headers
     if (!p.load_embeddings.empty() || (cachep && cachep->get(ArtifactKind::Conditioning, conditioning_key(*fam, s, cfg))))
         fam->set_costs_skip_te(true);
-    check_memory(*fam, s, W, H);
-    if (upscaler) check_upscaler(*upscaler, p, W, H);
+    // --hires: the upscaler and the target, checked before any stage; the memory at the larger size
+    std::optional<HiresPlan> hires;
+    int outW = W, outH = H;
+    if (p.hires) {
+        if (mask) fail(ErrorKind::Unsupported, "--hires with --mask: the hires fix has no in-painting pass here; in-paint the upscaled image in a second job");
+        hires.emplace();
+        hires->up = p.hires_a1111_none ? resolve_hires_upscaler("Lanczos", "", "") : resolve_hires_upscaler(p.hires_upscaler, p.hires_upscalers_dir, p.upscale_model);
+        if (p.hires_a1111_none) hires->up.name = "None";
+        hires->target = hires_target(W, H, as_written(p.hires_scale), p.hires_width, p.hires_height, fam->size_multiple(), f);
+        if (hires->up.kind == HiresUpscaler::Kind::Model) {
+            UpscaleOptions o;
+            o.model = hires->up.model_path;
+            o.tile = p.upscale_tile_size;
+            o.threads = s.threads;
+            o.placement = p.placement;
+            hires->model = std::make_unique<ImageUpscaler>(o);
+            check_upscaler(*hires->model, p, W, H);
+        }
+        s.info_strength = as_written(p.hires_denoising_strength);
+        s.info_extra = hires_infotext_fields(hires->target, p.hires_steps, hires->up);
+        outW = hires->target.width;
+        outH = hires->target.height;
+        log::info("hires fix: {}x{} -> {}x{} with {}, denoising strength {}", W, H, outW, outH, hires->up.name, as_written(p.hires_denoising_strength));
+    }
+    check_memory(*fam, s, hires ? hires->target.up_width : W, hires ? hires->target.up_height : H);
+    if (upscaler) check_upscaler(*upscaler, p, outW, outH);
 
     // Stage 1: prompts.
     t0 = Clock::now();
@@ -1201,9 +1372,22 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     if (mask) in.mask = &mask_lat;
     if (masked_dist) in.masked_posterior = &*masked_dist;
     std::vector<std::string> infotexts;
-    auto latents = denoise_batch(*fam, s, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes, on_step,
+    Setup s1 = s;
+    if (hires) s1.p.save_latent.clear();  // --save-latent: the final (hires) latent
+    auto latents = denoise_batch(*fam, s1, cond, in, init_hash, W, H, progress, &rep.step_s, &infotexts, &rep.param_bytes, on_step,
                                  &rep.interrupted);
     rep.compute_peak_bytes = std::max(module_bytes(*fam, Module::Te).compute, module_bytes(*fam, Module::Diffusion).compute);
+    int64_t dh = h, dw = w;  // the latents' size at decode
+    if (hires && rep.interrupted) {
+        log::info("hires fix: sampling was stopped in the first pass; the second pass is not run");
+    } else if (hires) {
+        // Stage 3b: the hires fix's second pass
+        latents = hires_pass(*fam, s, cond, latents, W, H, *hires, tiling, progress, rep, infotexts, on_step);
+        dh = outH / f;
+        dw = outW / f;
+        rep.width = outW;
+        rep.height = outH;
+    }
 
     // Stage 4: decode.
     auto tv = Clock::now();
@@ -1211,7 +1395,7 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
     std::vector<Image> decoded;  // kept for the upscale stage
     std::vector<std::vector<PngTextEntry>> all_texts;
     for (int b = 0; b < (int)latents.size(); ++b) {  // fewer than -b when sampling was stopped
-        Image out = decode_latent(*fam, latents[(size_t)b], h, w, tiling);
+        Image out = decode_latent(*fam, latents[(size_t)b], dh, dw, tiling);
         std::vector<PngTextEntry> texts{{"parameters", infotexts[(size_t)b]}};
         std::string path = batch_output_path(p.output, b, p.batch_count, p.output_begin_idx);
         if (upscaler) {
@@ -1261,6 +1445,9 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
         if (v.empty()) fail(ErrorKind::InvalidInput, "{} needs {}", stage_name(stage), flag);
     };
     std::vector<std::string> written;
+    if (p.hires)
+        fail(ErrorKind::InvalidInput, "--hires runs its second pass inside `easel generate`; {} runs one stage (see docs/hires.md for the same "
+             "job stage by stage)", stage_name(stage));
     if (!p.upscale_model.empty() && stage != Stage::Decode)
         fail(ErrorKind::InvalidInput, "--upscale-model upscales images: it works with `easel generate`, `easel decode` and `easel upscale`, not with {}",
              stage_name(stage));

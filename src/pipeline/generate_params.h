@@ -91,6 +91,19 @@ struct GenerateParams {
     int upscale_repeats = 1;        ///< --upscale-repeats: passes of the upscaler
     int upscale_tile_size = -1;     ///< --upscale-tile-size in input pixels (< 0: from the device budget, 0: whole image)
 
+    // hires fix (pipeline/hires.h; sd-cli's --hires* flags, A1111's enable_hr / hr_*)
+    bool hires = false;             ///< --hires: a second img2img pass at a larger size
+    std::string hires_upscaler = "Latent";  ///< --hires-upscaler: Latent, Latent (nearest) ..., Lanczos, Nearest, or an upscaler model name
+    std::string hires_upscalers_dir;  ///< --hires-upscalers-dir: where --hires-upscaler model names are looked up
+    float hires_scale = 2.0f;       ///< --hires-scale (used when --hires-width/--hires-height are 0)
+    int hires_width = 0, hires_height = 0;  ///< --hires-width / --hires-height in pixels (0: from --hires-scale / the aspect ratio)
+    int hires_steps = 0;            ///< --hires-steps: steps the second pass runs (0: --steps)
+    float hires_denoising_strength = 0.7f;  ///< --hires-denoising-strength, (0, 1]
+    std::string hires_sigmas;       ///< --hires-sigmas: the second pass's schedule given by hand ("" = cut by the strength)
+    /// A1111's hr_upscaler "None" (the server): a Lanczos resize written as "None" (sd-cli's
+    /// --hires-upscaler None turns the hires fix off instead).
+    bool hires_a1111_none = false;
+
     // execution
     bool flash_attn = false;        ///< --fa
     bool diffusion_fa = false;      ///< --diffusion-fa

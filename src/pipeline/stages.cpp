@@ -245,7 +245,9 @@ sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job
     }
     const int steps = full.steps();  // a beta or ddim_uniform schedule, or --sigmas, can differ from job.steps
     int start = 0;
-    if (has_init) {
+    if (has_init && job.start_step >= 0) {
+        start = std::min(job.start_step, steps - 1);
+    } else if (has_init) {
         // diffusers' img2img rules: StableDiffusionImg2ImgPipeline.get_timesteps runs int(steps *
         // strength) steps, from step steps - that; the flow-matching pipelines (SD3, FLUX,
         // Z-Image: StableDiffusion3Img2ImgPipeline.get_timesteps) start at
@@ -286,6 +288,7 @@ nlohmann::json job_params(const DenoiseJob& job, const std::string& family, cons
     j["conditioning_hash"] = conditioning_hash;
     j["init_hash"] = init_hash;
     if (!job.sigmas.empty()) j["sigmas"] = job.sigmas;
+    if (job.start_step >= 0) j["start_step"] = job.start_step;
     return nlohmann::json(j);
 }
 

@@ -106,12 +106,16 @@ struct DenoiseJob {
     int64_t seed = 42;  ///< this image's seed
     int width = 0, height = 0;  ///< pixels (multiples of the latent factor)
     float strength = 0.75f;     ///< img2img strength (used with an init latent)
+    /// img2img: the first step of the schedule, overriding the cut from `strength` (the hires fix's
+    /// second pass runs the last steps of its schedule, pipeline/hires.h); -1: from strength.
+    int start_step = -1;
 };
 
 /// The schedule the job samples on: job.sigmas when given (--sigmas), else the method's schedule
 /// over the family's noise process and schedule_options() (DPM++ 2M, UniPC and DEIS of discrete
 /// models with the discrete or karras scheduler on diffusers' DPMSolver / UniPC / DEIS timesteps,
 /// ddim_trailing and ddim their own DDIM timesteps), cut at diffusers' img2img start when has_init.
+/// job.start_step >= 0 replaces that cut (at most the last step).
 /// Returns the cut schedule; `start` (if non-null) gets the first step's index.
 sampling::Schedule job_schedule(const models::Family& fam, const DenoiseJob& job, bool has_init, int* start = nullptr);
 
@@ -157,7 +161,8 @@ DenoiseResult denoise(models::Family& fam, const DenoiseJob& job, const DenoiseI
 
 /// The parameters a checkpoint must agree with to be resumed (JSON object): family,
 /// model_fingerprint, sampler, scheduler, steps, seed, width, height, cfg_scale, eta, rng,
-/// sampler_rng, strength (with init), conditioning_hash, init_hash, and sigmas (only when given).
+/// sampler_rng, strength (with init), conditioning_hash, init_hash, sigmas (only when given) and
+/// start_step (only when >= 0).
 nlohmann::json job_params(const DenoiseJob& job, const std::string& family, const std::string& model_fingerprint,
                           const std::string& conditioning_hash, const std::string& init_hash);
 

@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "easel_version.h"
+#include "core/platform.h"
+#include "pipeline/hires.h"
 #include "pipeline/png_meta.h"
 #include "server/base64.h"
 #include "server/samplers.h"
@@ -10,6 +12,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <filesystem>
 #include <ctime>
 
 extern "C" const unsigned char easel_server_page[];
@@ -23,6 +26,17 @@ using namespace std::chrono_literals;
 std::string embedded_page() { return std::string((const char*)easel_server_page, easel_server_page_size); }
 
 namespace {
+
+/// A1111's /sdapi/v1/upscalers list: None, Lanczos, Nearest, then the models (model_name "ESRGAN").
+nlohmann::json a1111_upscalers(const Service& svc) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const char* n : {"None", "Lanczos", "Nearest"})
+        a.push_back({{"name", n}, {"model_name", nullptr}, {"model_path", nullptr}, {"model_url", nullptr}, {"scale", 4}});
+    for (const auto& [f, scale] : svc.upscaler_models())
+        a.push_back({{"name", platform::path_utf8(f.stem())}, {"model_name", "ESRGAN"}, {"model_path", platform::path_utf8(f)},
+                     {"model_url", nullptr}, {"scale", scale}});
+    return a;
+}
 
 enum class Api { OpenAI, A1111, Easel, Sdcpp, Page };
 
@@ -503,11 +517,16 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
     });
     svr.Get("/sdapi/v1/upscalers", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] {
-            send_json(res, 200, json::array({{{"name", "None"}, {"model_name", nullptr}, {"model_path", nullptr}, {"model_url", nullptr}, {"scale", 4}}}));
+            send_json(res, 200, a1111_upscalers(st->svc));
         });
     });
     svr.Get("/sdapi/v1/latent-upscale-modes", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] { send_json(res, 200, json::array()); });
+        st->guarded(req, res, [&] {
+            json a = json::array();
+            for (const auto& n : pipeline::builtin_hires_upscalers())
+                if (n.rfind("Latent", 0) == 0) a.push_back({{"name", n}});
+            send_json(res, 200, a);
+        });
     });
 
     // ---- easel jobs API (and sd.cpp's names for it)
@@ -669,7 +688,7 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
                                                 {"guidance", {{"txt_cfg", d.cfg_scale}, {"img_cfg", nullptr}, {"distilled_guidance", d.guidance}}}}},
                              {"output_format", "png"}, {"output_compression", 100}};
             json features = {{"init_image", true}, {"mask_image", true}, {"control_image", false}, {"ip_adapter_image", false},
-                             {"ref_images", false}, {"lora", !loras.empty()}, {"vae_tiling", false}, {"hires", false}, {"cache", false},
+                             {"ref_images", false}, {"lora", !loras.empty()}, {"vae_tiling", false}, {"hires", true}, {"cache", false},
                              {"cancel_queued", true}, {"cancel_generating", true}};
             send_json(res, 200, {{"model", {{"name", st->svc.model_title()}, {"stem", st->svc.model_name()}, {"path", d.model}}},
                                  {"current_mode", "img_gen"},
@@ -683,7 +702,13 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
                                  {"samplers", samplers},
                                  {"schedulers", schedulers},
                                  {"loras", loras},
-                                 {"upscalers", json::array()},
+                                 {"upscalers", [&] {
+                                      json u = json::array();
+                                      for (const auto& n : pipeline::builtin_hires_upscalers()) u.push_back({{"name", n}, {"builtin", true}});
+                                      for (const auto& [f, scale] : st->svc.upscaler_models())
+                                          u.push_back({{"name", platform::path_utf8(f.stem())}, {"builtin", false}, {"scale", scale}});
+                                      return u;
+                                  }()},
                                  {"limits", {{"min_width", 8}, {"max_width", lim.max_side}, {"min_height", 8}, {"max_height", lim.max_side},
                                              {"max_batch_count", lim.max_batch}, {"max_queue_size", st->svc.max_queue()}}}});
         });

@@ -216,7 +216,25 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
         }
         if (l->size() > 64) refuse(400, "lora", "lora lists {} entries; at most 64", l->size());
     }
-    if (const json* h = f.object("hires")) Fields(*h, "hires.").only("enabled", false, "easel has no hires fix");
+    if (const json* h = f.object("hires")) {
+        // sd-server's hires object (its defaults: Latent, scale 2, strength 0.7; upscaler None = off)
+        Fields hf(*h, "hires.");
+        const std::string up = hf.string("upscaler", 256).value_or("Latent");
+        r.hires = hf.boolean("enabled").value_or(false) && up != "None";
+        if (auto v = hf.number("scale", 0.01, 16.0)) r.hr_scale = *v;
+        if (auto v = hf.integer("target_width", 0, limits.max_side * 16)) r.hr_resize_x = (int)*v;
+        if (auto v = hf.integer("target_height", 0, limits.max_side * 16)) r.hr_resize_y = (int)*v;
+        if (auto v = hf.integer("steps", 0, limits.max_steps)) r.hr_steps = (int)*v;
+        r.hires_strength = 0.7;
+        if (auto v = hf.number("denoising_strength", 0.0, 1.0)) {
+            if (*v <= 0) refuse(400, "hires.denoising_strength", "hires.denoising_strength must be in (0, 1]");
+            r.hires_strength = *v;
+        }
+        r.hr_upscaler = up;
+        hf.only_empty("custom_sigmas", "the server's hires pass cuts its schedule by denoising_strength");
+        hf.only("upscale_tile_size", 128, "the upscaler's tile is the server's --upscale-tile-size (sd.cpp's default 128 is accepted)");
+        if (!r.hires) r.hr_upscaler.clear();
+    }
 }
 
 /// Removes sd-server's <sd_cpp_extra_args>{json}</sd_cpp_extra_args> block from a prompt and
@@ -325,7 +343,27 @@ JobRequest parse_a1111(const json& body, bool img2img, const Limits& limits) {
     if (auto v = f.integer("clip_skip", -1, 12); v && *v > 0) r.clip_skip = (int)*v;
     f.only("restore_faces", false, "easel has no face restoration");
     f.only("tiling", false, "easel has no seamless tiling");
-    f.only("enable_hr", false, "easel has no hires fix");
+    if (!img2img && f.boolean("enable_hr").value_or(false)) {
+        // A1111 StableDiffusionProcessingTxt2Img's hires fix (docs/server.md)
+        r.hires = true;
+        if (auto v = f.number("hr_scale", 0.01, 16.0)) r.hr_scale = *v;
+        if (auto v = f.integer("hr_resize_x", 0, limits.max_side * 16)) r.hr_resize_x = (int)*v;
+        if (auto v = f.integer("hr_resize_y", 0, limits.max_side * 16)) r.hr_resize_y = (int)*v;
+        if (auto v = f.integer("hr_second_pass_steps", 0, limits.max_steps)) r.hr_steps = (int)*v;
+        if (auto v = f.number("denoising_strength", 0.0, 1.0)) {
+            if (*v <= 0) refuse(400, "denoising_strength", "denoising_strength 0 leaves the hires pass nothing to do; give (0, 1] or enable_hr false");
+            r.hires_strength = *v;
+        }
+        r.hr_upscaler = f.string("hr_upscaler", 256).value_or("");
+        f.only("hr_sampler_name", nullptr, "the hires pass uses the first pass's sampler");
+        f.only("hr_scheduler", nullptr, "the hires pass uses the first pass's scheduler");
+        f.only("hr_checkpoint_name", nullptr, "the hires pass uses the loaded model");
+        f.only("hr_cfg", nullptr, "the hires pass uses cfg_scale");
+        f.only("hr_prompt", "", "the hires pass uses the prompt");
+        f.only("hr_negative_prompt", "", "the hires pass uses the negative prompt");
+    } else {
+        (void)f.boolean("enable_hr");
+    }
     f.only("s_churn", 0, "easel's samplers take no churn");
     f.only("s_noise", 1, "easel's samplers use s_noise 1");
     f.only("script_name", nullptr, "easel runs no scripts");
@@ -503,6 +541,9 @@ json JobRequest::to_json() const {
     if (strength) j["strength"] = *strength;
     if (clip_skip) j["clip_skip"] = *clip_skip;
     if (eta) j["eta"] = *eta;
+    if (hires)
+        j["hires"] = {{"scale", hr_scale}, {"resize_x", hr_resize_x}, {"resize_y", hr_resize_y}, {"steps", hr_steps},
+                      {"strength", hires_strength}, {"upscaler", hr_upscaler}};
     j["loras"] = json::array();
     for (const auto& l : loras) j["loras"].push_back({{"name", l.name}, {"multiplier", l.multiplier}});
     return j;
@@ -531,6 +572,16 @@ JobRequest JobRequest::from_json(const json& j) {
         if (j.contains("strength")) r.strength = j["strength"].get<double>();
         if (j.contains("clip_skip")) r.clip_skip = j["clip_skip"].get<int>();
         if (j.contains("eta")) r.eta = j["eta"].get<double>();
+        if (j.contains("hires")) {
+            const json& h = j["hires"];
+            r.hires = true;
+            r.hr_scale = h.at("scale").get<double>();
+            r.hr_resize_x = h.at("resize_x").get<int>();
+            r.hr_resize_y = h.at("resize_y").get<int>();
+            r.hr_steps = h.at("steps").get<int>();
+            r.hires_strength = h.at("strength").get<double>();
+            r.hr_upscaler = h.at("upscaler").get<std::string>();
+        }
         for (const auto& l : j.value("loras", json::array())) r.loras.push_back({l.at("name").get<std::string>(), l.at("multiplier").get<double>()});
     } catch (const json::exception& e) {
         refuse(400, "", "stored job request is malformed: {}", e.what());

@@ -59,6 +59,14 @@ struct JobRequest {
     std::string force_id;                  ///< A1111 force_task_id: the job id to use
     std::string model_checkpoint;          ///< A1111 override_settings.sd_model_checkpoint ("" = any): must name the loaded model
     nlohmann::json parameters = nlohmann::json::object();  ///< A1111 response `parameters`: the body echoed
+    /// A1111 enable_hr and hr_* (txt2img): the hires fix (pipeline/hires.h). hires_strength is
+    /// denoising_strength (A1111's txt2img default 0.75); hr_upscaler "" = Latent.
+    bool hires = false;
+    double hr_scale = 2.0;
+    int hr_resize_x = 0, hr_resize_y = 0;
+    int hr_steps = 0;                      ///< hr_second_pass_steps (0: steps)
+    double hires_strength = 0.75;
+    std::string hr_upscaler;
 
     /// The job without its image bytes (the store keeps those as files).
     nlohmann::json to_json() const;

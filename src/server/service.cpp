@@ -2,10 +2,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/platform.h"
 #include "core/strings.h"
 #include "models/family.h"
 #include "models/flux/flux2_klein.h"
+#include "pipeline/hires.h"
 #include "pipeline/png_meta.h"
+#include "pipeline/upscale.h"
 #include "pipeline/stages.h"
 #include "sampling/sampler.h"
 #include "text/prompt_syntax.h"
@@ -166,8 +169,49 @@ std::vector<LoraFile> Service::loras() const {
     return out;
 }
 
+std::vector<std::pair<fs::path, int>> Service::upscaler_models() const {
+    const pipeline::GenerateParams& d = gen_.base();
+    std::vector<fs::path> files;
+    std::error_code ec;
+    if (!d.upscale_model.empty()) files.push_back(platform::u8path(d.upscale_model));
+    if (!d.hires_upscalers_dir.empty()) {
+        std::vector<fs::path> in_dir;
+        for (const auto& e : fs::directory_iterator(platform::u8path(d.hires_upscalers_dir), ec)) {
+            const std::string ext = ascii_lower(platform::path_utf8(e.path().extension()));
+            if (!e.is_regular_file(ec) || platform::path_utf8(e.path().filename()).starts_with(".")) continue;
+            if (ext != ".pth" && ext != ".pt" && ext != ".safetensors" && ext != ".ckpt" && ext != ".bin") continue;
+            if (!files.empty() && fs::equivalent(e.path(), files[0], ec)) continue;
+            in_dir.push_back(e.path());
+        }
+        std::sort(in_dir.begin(), in_dir.end());
+        files.insert(files.end(), in_dir.begin(), in_dir.end());
+    }
+    std::vector<std::pair<fs::path, int>> r;
+    for (const auto& f : files) {
+        try {
+            pipeline::UpscaleOptions o;
+            o.model = platform::path_utf8(f);
+            r.emplace_back(f, pipeline::ImageUpscaler(o).scale());
+        } catch (const Error& e) {
+            log::warn("upscalers: {} left out: {}", platform::path_utf8(f), e.what());
+        }
+    }
+    return r;
+}
+
 std::string Service::submit(JobRequest req) {
     if (stopping_) refuse(503, "", "the server is stopping; send the job again after it restarts");
+    // hires fix: a built-in upscaler name or the stem of a listed model (never a path)
+    if (req.hires && !req.hr_upscaler.empty() && req.hr_upscaler != "None") {
+        const std::string l = ascii_lower(req.hr_upscaler);
+        bool known = false;
+        for (const auto& n : pipeline::builtin_hires_upscalers()) known = known || ascii_lower(n) == l;
+        if (!known)
+            for (const auto& m : upscaler_models()) known = known || platform::path_utf8(m.first.stem()) == req.hr_upscaler;
+        if (!known)
+            refuse(400, "hr_upscaler", "hr_upscaler \"{}\" is not one of /sdapi/v1/upscalers (None, Lanczos, Nearest, the server's models) nor a "
+                   "latent upscale mode", req.hr_upscaler.substr(0, 128));
+    }
     // the one loaded model
     if (!req.model_checkpoint.empty()) {
         const std::string t = model_title(), n = model_name();
@@ -402,6 +446,18 @@ pipeline::GenerateParams Service::job_params(const JobRecord& rec) const {
     if (r.clip_skip) p.clip_skip = *r.clip_skip;
     else if (default_clip_skip_ > 0) p.clip_skip = default_clip_skip_;
     if (r.eta) p.eta = (float)*r.eta;
+    p.hires = r.hires;
+    if (r.hires) {
+        p.hires_scale = (float)r.hr_scale;
+        p.hires_width = r.hr_resize_x;
+        p.hires_height = r.hr_resize_y;
+        p.hires_steps = r.hr_steps;
+        p.hires_denoising_strength = (float)r.hires_strength;
+        // A1111: "None" is a Lanczos resize of the decoded image (images.resize_image)
+        p.hires_a1111_none = r.hr_upscaler == "None";
+        p.hires_upscaler = r.hr_upscaler.empty() ? "Latent" : r.hr_upscaler;
+        p.hires_sigmas.clear();
+    }
     const fs::path dir = store_.job_dir(rec.id);
     std::error_code ec;
     p.init_img = fs::is_regular_file(dir / "init.png", ec) ? (dir / "init.png").string() : "";

@@ -99,6 +99,12 @@ public:
     /// The LoRA files in --lora-model-dir (rescanned on every call; symlinks leaving the folder
     /// and hidden files are skipped).
     std::vector<LoraFile> loras() const;
+    /// The upscaler model files jobs may name (hr_upscaler, hires.upscaler) by file stem:
+    /// --upscale-model, then NAME.{pth,pt,safetensors,ckpt,bin} at the top of
+    /// --hires-upscalers-dir (sorted; the --upscale-model file not twice), each with its scale
+    /// from the headers; a file that is not an upscaler is left out with a warning. Rescanned on
+    /// every call.
+    std::vector<std::pair<std::filesystem::path, int>> upscaler_models() const;
     /// The loaded model: file name (sd_model_checkpoint / title) and stem (model_name).
     std::string model_title() const;
     std::string model_name() const;

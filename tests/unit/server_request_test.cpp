@@ -129,6 +129,30 @@ TEST(ServerRequest, A1111Txt2imgAsDocumented) {
     EXPECT_EQ(back.to_json(), r.to_json());
 }
 
+TEST(ServerRequest, A1111HiresFix) {
+    const Limits lim;
+    // A1111's txt2img hires fields; denoising_strength defaults to A1111's 0.75
+    JobRequest r = parse_a1111(json::parse(R"j({"prompt": "p", "enable_hr": true, "hr_scale": 1.5, "hr_upscaler": "Latent (nearest)",
+        "hr_second_pass_steps": 6, "hr_resize_x": 0, "hr_resize_y": 0, "hr_sampler_name": null, "hr_prompt": ""})j"), false, lim);
+    EXPECT_TRUE(r.hires);
+    EXPECT_EQ(r.hr_scale, 1.5);
+    EXPECT_EQ(r.hr_upscaler, "Latent (nearest)");
+    EXPECT_EQ(r.hr_steps, 6);
+    EXPECT_EQ(r.hires_strength, 0.75);
+    JobRequest back = JobRequest::from_json(r.to_json());
+    EXPECT_TRUE(back.hires);
+    EXPECT_EQ(back.to_json(), r.to_json());
+    r = parse_a1111(json::parse(R"({"enable_hr": true, "denoising_strength": 0.3, "hr_resize_x": 1024, "hr_resize_y": 768})"), false, lim);
+    EXPECT_EQ(r.hires_strength, 0.3);
+    EXPECT_EQ(r.hr_resize_x, 1024);
+    EXPECT_EQ(r.hr_resize_y, 768);
+    EXPECT_EQ(r.hr_upscaler, "");  // the server's default: Latent
+    // off: the hr_* fields are not used, and the stored request has no hires entry
+    r = parse_a1111(json::parse(R"({"enable_hr": false, "hr_scale": 3})"), false, lim);
+    EXPECT_FALSE(r.hires);
+    EXPECT_FALSE(r.to_json().contains("hires"));
+}
+
 TEST(ServerRequest, A1111RefusalsNameTheField) {
     const Limits lim;
     auto a = [&](const char* body, bool img2img = false) { return [&lim, body, img2img] { parse_a1111(json::parse(body), img2img, lim); }; };
@@ -140,7 +164,13 @@ TEST(ServerRequest, A1111RefusalsNameTheField) {
     expect_refused(a(R"({"cfg_scale": "high"})"), 400, "cfg_scale");
     expect_refused(a(R"({"prompt": 5})"), 400, "prompt");
     expect_refused(a(R"({"batch_size": 8, "n_iter": 8})"), 400, "batch_size");
-    expect_refused(a(R"({"enable_hr": true})"), 400, "enable_hr");
+    expect_refused(a(R"({"enable_hr": true, "hr_scale": "2"})"), 400, "hr_scale");
+    expect_refused(a(R"({"enable_hr": true, "hr_scale": 0})"), 400, "hr_scale");
+    expect_refused(a(R"({"enable_hr": true, "denoising_strength": 0})"), 400, "denoising_strength");
+    expect_refused(a(R"({"enable_hr": true, "hr_second_pass_steps": -1})"), 400, "hr_second_pass_steps");
+    expect_refused(a(R"({"enable_hr": true, "hr_sampler_name": "Euler"})"), 400, "hr_sampler_name");
+    expect_refused(a(R"({"enable_hr": true, "hr_prompt": "other"})"), 400, "hr_prompt");
+    expect_refused(a(R"({"enable_hr": "yes"})"), 400, "enable_hr");
     expect_refused(a(R"({"restore_faces": true})"), 400, "restore_faces");
     expect_refused(a(R"({"sampler_name": "Nope"})"), 400, "sampler_name");
     expect_refused(a(R"({"override_settings": {"sd_vae": "other.vae.pt"}})"), 400, "override_settings.sd_vae");
@@ -267,7 +297,21 @@ TEST(ServerRequest, SdcppNativeAndEaselJobs) {
     ASSERT_EQ(r.loras.size(), 1u);
     EXPECT_EQ(r.loras[0].name, "style");
     EXPECT_EQ(r.loras[0].multiplier, 0.5);
-    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"hires": {"enabled": true}})"), lim); }, 400, "hires.enabled");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"hires": {"enabled": true, "custom_sigmas": [1, 0]}})"), lim); }, 400,
+                   "hires.custom_sigmas");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"hires": {"enabled": true, "denoising_strength": 0}})"), lim); }, 400,
+                   "hires.denoising_strength");
+    {
+        // sd-server's hires object, with its defaults (Latent, scale 2, strength 0.7)
+        JobRequest h = parse_sdcpp_img_gen(json::parse(R"({"prompt": "p", "hires": {"enabled": true, "steps": 3, "target_width": 128}})"), lim);
+        EXPECT_TRUE(h.hires);
+        EXPECT_EQ(h.hr_upscaler, "Latent");
+        EXPECT_EQ(h.hr_scale, 2.0);
+        EXPECT_EQ(h.hr_resize_x, 128);
+        EXPECT_EQ(h.hr_steps, 3);
+        EXPECT_EQ(h.hires_strength, 0.7);
+        EXPECT_FALSE(parse_sdcpp_img_gen(json::parse(R"({"hires": {"enabled": true, "upscaler": "None"}})"), lim).hires);
+    }
     expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"sample_steps": "x"}})"), lim); }, 400,
                    "sample_params.sample_steps");
     expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"lora": [{"multiplier": 1}]})"), lim); }, 400, "lora[0].path");

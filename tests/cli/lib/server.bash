@@ -7,7 +7,7 @@
 # waits up to 120 s until GET /easel/v1/info answers. Sets $port, $url, $server_pid; returns 1
 # (with the log's tail) when it does not come up. Each script takes its own BASE, 200 ports
 # apart: 40000 server_api, 40200 server_openai, 40400 server_page, 40600 server_resume,
-# 40800 server_hostile, 41000 server_signals, 41200 bench/server_bench.sh.
+# 40800 server_hostile, 41000 server_signals, 41200 bench/server_bench.sh, 41400 server_hires.
 # stop_server [SIGNAL]: sends SIGNAL (TERM) and waits up to 60 s; returns the exit status.
 # node_tests: the folder of the client scripts and their node_modules (tests/server).
 node_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../server" && pwd)"
