@@ -303,7 +303,7 @@ TEST(UnetSdxl, LdmAndDiffusersLayoutsGiveTheSameOutput) {
         d = std::max(d, (double)std::fabs(a[i] - b[i]));
     }
     EXPECT_GT(m, 1e-3);
-    EXPECT_EQ(d, 0.0);
+    EXPECT_LT(d, 1e-6);  // the same graph on the same weights
     // the micro-conditioning reaches the output: other time ids, another prediction
     Inputs in2 = in;
     in2.ids[0] = 128;

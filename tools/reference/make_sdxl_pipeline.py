@@ -200,7 +200,7 @@ def module_refs(pipe, out):
         t["unet_out"] = unet(t["unet_sample"], t["unet_timestep"], encoder_hidden_states=t["unet_context"],
                              added_cond_kwargs={"text_embeds": t["unet_text_embeds"], "time_ids": t["unet_time_ids"]}
                              ).sample
-    save_file({k: v.float().contiguous() for k, v in t.items()}, os.path.join(out, "modules.safetensors"))
+    save_file({k: v.detach().float().contiguous().clone() for k, v in t.items()}, os.path.join(out, "modules.safetensors"))
     return {"prompt": MODULE_PROMPT, "unet_out_abs_max": float(t["unet_out"].abs().max())}
 
 
@@ -245,7 +245,7 @@ def run_case(pipe, case, out):
     t["unet0_sample"], t["unet0_timestep"], t["unet0_out"] = first["sample"], first["timestep"], first["out"]
     t["sigmas"] = sched.sigmas.float().cpu()
     t["timesteps"] = sched.timesteps.float().cpu()
-    save_file({k: v.float().contiguous() for k, v in t.items()}, os.path.join(out, f"case_{name}.safetensors"))
+    save_file({k: v.detach().float().contiguous().clone() for k, v in t.items()}, os.path.join(out, f"case_{name}.safetensors"))
     image_to_png(img, os.path.join(out, f"case_{name}.png"))
     flags = [f'-p "{prompt}"'] + ([f'-n "{neg}"'] if neg else []) + [
         f"-W {W}", f"-H {H}", f"--steps {steps}", f"--cfg-scale {cfg}", f"-s {seed}", "--sampling-method euler",
@@ -346,7 +346,7 @@ def main():
     if not a.keep_folder_weights:
         for root, _, files in os.walk(ddir):
             for fn in files:
-                if not fn.endswith(".json") or fn == "tokenizer.json":
+                if not fn.endswith(".json") or fn in ("tokenizer.json", "vocab.json"):
                     os.remove(os.path.join(root, fn))
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(a.out) for f in fs)
     print(f"sdxl pipeline: done in {time.time() - t0:.1f}s, {total / 1e6:.2f} MB in {a.out}")

@@ -131,13 +131,13 @@ struct UNetConfig {
     MidBlockSpec mid;
     std::vector<UpBlockSpec> up;
 
-    /// SDXL-style UNets (diffusers addition_embed_type "text_time", LDM label_emb with
-    /// adm_in_channels): add_embedding.linear_1 [time_embed_dim, add_embed_in] ->
-    /// SiLU -> linear_2 [time_embed_dim, time_embed_dim], its output added to the time embedding.
-    /// Its input is concat(text_embeds [add_text_dim], Timesteps(add_time_dim)(time_ids) flattened
-    /// [6 * add_time_dim]); add_text_dim = add_embed_in - 6 * add_time_dim (SDXL base: 2816 =
-    /// 1280 + 6 * 256; the refiner: 2560 = 1280 + 5 * 256 is not text_time-compatible with 6 ids
-    /// and uses 5 ids (aesthetic score), see add_time_ids).
+    /// SDXL-style UNets (diffusers addition_embed_type "text_time", SGM label_emb with
+    /// adm_in_channels): add_embedding.linear_1 [time_embed_dim, add_embed_in] -> SiLU ->
+    /// linear_2 [time_embed_dim, time_embed_dim], its output added to the time embedding. Its
+    /// input is concat(text_embeds [add_text_dim], Timesteps(add_time_dim)(time_ids) flattened
+    /// [add_time_ids * add_time_dim]), add_text_dim = add_embed_in - add_time_ids * add_time_dim
+    /// (SDXL base: 2816 = 1280 + 6 * 256; the refiner: 2560 = 1280 + 5 * 256, its 5th id the
+    /// aesthetic score).
     bool has_add_embedding = false;
     int64_t add_embed_in = 0;     ///< add_embedding.linear_1 input width
     int64_t add_time_dim = 256;   ///< addition_time_embed_dim
