@@ -9,12 +9,20 @@
 //     of those formulas does;
 //   * give the same output from the original (SGM: label_emb.0.0 / 0.2) and the diffusers layout;
 //   * refuse missing or mis-sized text_time inputs with a clear error.
+// The SDXL family on a synthetic single file (this UNet + two random CLIP encoders in SGM names,
+// TAESD as the decoder) must wire its modules as diffusers does: context = concat(CLIP-L
+// hidden_states[-2], G hidden_states[-2]) per token, pooled = G's text_embeds, an empty negative
+// = zeros, the UNet called with time ids (H, W, 0, 0, H, W) in pixels.
 // The parity with diffusers itself is tests/e2e/sdxl_tiny_e2e_test.cpp (fixture of
 // tools/reference/make_sdxl_pipeline.py).
 #include "core/error.h"
 #include "io/weight_index.h"
+#include "models/clip/clip_text.h"
+#include "models/family.h"
+#include "models/sd/sdxl.h"
 #include "models/sd/unet.h"
 #include "runtime/graph_runner.h"
+#include "text/clip_tokenizer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -337,4 +345,148 @@ TEST(UnetSdxl, RefusesMissingOrMisSizedTextTimeInputs) {
     expect_invalid([&](UNetInputs& u, runtime::GraphBuilder& g) { u.time_ids = g.input_f32("ids5", {5, 2}, five); }, "5 time ids");
     expect_invalid([&](UNetInputs& u, runtime::GraphBuilder& g) { u.text_embeds = g.input_f32("wide", {kPooled + 1, 2}, wide); },
                    "pooled too wide");
+}
+
+namespace {
+
+/// A random CLIP text encoder of width 8 (2 layers, 1 head, CLIP vocabulary and 77 positions),
+/// with a 12-wide text projection when `projection`; names under `prefix` (transformers names).
+void add_clip(Tensors& ts, const std::string& prefix, const std::string& proj_name, uint64_t seed) {
+    models::clip::ClipConfig c;
+    c.vocab = 49408;
+    c.width = 8;
+    c.layers = 2;
+    c.positions = 77;
+    c.intermediate = 16;
+    c.heads = 1;
+    c.projection = proj_name.empty() ? 0 : kPooled;
+    models::clip::ClipTextModel net(c);
+    Lcg r{seed};
+    net.visit_params("", [&](const std::string& name, nn::Param& p) {
+        int64_t n = 1;
+        for (int64_t d : p.shape) n *= d;
+        std::vector<float> v((size_t)n);
+        const bool norm = name.find("norm") != std::string::npos && name.ends_with(".weight");
+        for (auto& x : v) x = norm ? 1.0f + r.next(0.1f) : r.next(0.5f);
+        ts[name == "text_projection.weight" ? proj_name : prefix + name] = {p.shape, std::move(v)};
+    });
+}
+
+const fs::path& synthetic_sdxl_file() {
+    static fs::path p = [] {
+        Tensors ts;
+        const UNetConfig cfg = tiny_sdxl_config();
+        for (auto& [name, v] : files().weights) ts["model.diffusion_model." + unet_ldm_key(cfg, name)] = v;
+        add_clip(ts, "conditioner.embedders.0.transformer.text_model.", "", 7);
+        add_clip(ts, "conditioner.embedders.1.transformer.text_model.", "conditioner.embedders.1.transformer.text_projection.weight", 8);
+        fs::path f = files().diffusers.parent_path() / "sdxl_synthetic.safetensors";
+        write_safetensors(f, ts, [](const std::string& n) { return n; });
+        return f;
+    }();
+    return p;
+}
+
+}  // namespace
+
+TEST(SdxlFamily, WiresBothEncodersPooledVectorAndTimeIds) {
+    models::ModelFiles mf;
+    mf.model = synthetic_sdxl_file().string();
+    mf.taesd = (fs::path(EASEL_TEST_DATA) / "reference" / "autoencoder_tiny_taesd_tiny.safetensors").string();
+    models::FamilyOptions fo;
+    fo.threads = 2;
+    auto fam = models::open_family(mf, fo);
+    ASSERT_EQ(fam->name(), "SDXL");
+    EXPECT_FLOAT_EQ(fam->latent_format().scaling_factor, 0.13025f);
+    EXPECT_EQ(fam->defaults().clip_skip, 2);
+    EXPECT_EQ(fam->defaults().width, 1024);
+    EXPECT_EQ(fam->schedule_options().spacing, sampling::Spacing::Leading);
+    EXPECT_EQ(fam->schedule_options().steps_offset, 1);
+
+    const std::string prompt = "a red cat on a mat";
+    models::Conditioning cond = fam->encode_prompt(prompt, 0);
+    ASSERT_EQ(cond.dim, kCtx);
+    ASSERT_EQ(cond.tokens, 77);
+    ASSERT_EQ(cond.pooled.size(), (size_t)kPooled);
+
+    // the same encoders run directly: CLIP-L ids padded with <|endoftext|>, G's with "!" (0)
+    auto idx = io::WeightIndex::open(synthetic_sdxl_file());
+    auto encs = models::clip::find_clip_text_encoders(idx);
+    ASSERT_EQ(encs.size(), 2u);
+    const auto& tok = text::ClipTokenizer::builtin();
+    std::vector<std::vector<float>> pen(2);
+    std::vector<float> pooled;
+    for (int e = 0; e < 2; ++e) {
+        const auto cfg = models::clip::infer_config(idx, encs[(size_t)e]);
+        models::clip::ClipTextModel net(cfg);
+        runtime::GraphRunner runner;
+        auto params = nn::ParamBuffer::load(net, models::clip::make_tensor_source(idx, encs[(size_t)e], cfg), runner.buffer_type(),
+                                            models::clip::default_load_options(encs[(size_t)e], cfg, idx));
+        std::vector<int32_t> ids = tok.encode_window(prompt, e == 0 ? text::ClipTokenizer::kEos : 0);
+        if (e == 0) {
+            EXPECT_EQ(cond.token_ids, ids);
+        } else {
+            EXPECT_EQ(ids.back(), 0);  // G's windows pad with "!"
+        }
+        std::vector<int32_t> pool = models::clip::pool_indices(ids, 77, 1, cfg.eos_token_id);
+        models::clip::ClipEncodeOptions eo;
+        eo.clip_skip = 2;
+        eo.final_norm_on_skip = false;
+        auto out = runner.run([&](runtime::GraphBuilder& g) {
+            nn::Ctx c{g.ctx(), false};
+            models::clip::ClipInputs in;
+            in.ids = g.input_i32("ids", {77, 1}, ids);
+            in.pool_index = g.input_i32("pool", {1}, pool);
+            auto enc = net.encode(c, in, eo);
+            std::vector<ggml_tensor*> r{enc.context};
+            if (enc.out.text_embeds) r.push_back(enc.out.text_embeds);
+            return r;
+        });
+        pen[(size_t)e] = out[0].data;
+        if (e == 1) {
+            ASSERT_EQ(out.size(), 2u);
+            pooled = out[1].data;
+        }
+    }
+    double dc = 0, m = 0;
+    for (int64_t t = 0; t < 77; ++t)
+        for (int64_t d = 0; d < kCtx; ++d) {
+            const float want = d < 8 ? pen[0][(size_t)(t * 8 + d)] : pen[1][(size_t)(t * 8 + d - 8)];
+            dc = std::max(dc, (double)std::fabs(cond.context[(size_t)(t * kCtx + d)] - want));
+            m = std::max(m, (double)std::fabs(want));
+        }
+    double dp = 0;
+    for (size_t i = 0; i < pooled.size(); ++i) dp = std::max(dp, (double)std::fabs(cond.pooled[i] - pooled[i]));
+    std::printf("[sdxl family] context max diff %.3g (max |context| %.3g), pooled max diff %.3g\n", dc, m, dp);
+    EXPECT_GT(m, 0.1);
+    EXPECT_LT(dc, 1e-5);
+    EXPECT_LT(dp, 1e-5);
+
+    auto z = fam->empty_negative(cond);
+    ASSERT_TRUE(z.has_value());
+    EXPECT_EQ(z->context, std::vector<float>(cond.context.size(), 0.0f));
+    EXPECT_EQ(z->pooled, std::vector<float>(kPooled, 0.0f));
+
+    // one diffusion call = the UNet with time ids (8h, 8w, 0, 0, 8h, 8w) and the pooled vector
+    Lcg r{5};
+    std::vector<float> x(4 * 8 * 12), got(4 * 8 * 12);
+    for (auto& v : x) v = r.next(1.0f);
+    fam->diffusion(x, {}, 8, 12, 500.0, cond, got);
+    runtime::GraphRunner runner;
+    auto unet = load_unet(io::WeightIndex::open(files().diffusers), runner.buffer_type());
+    const std::vector<float> t{500.0f}, ids = models::sd::StableDiffusionXL::default_time_ids(64, 96);
+    EXPECT_EQ(ids, (std::vector<float>{64, 96, 0, 0, 64, 96}));
+    auto want = runner.run([&](runtime::GraphBuilder& g) {
+        nn::Ctx c{g.ctx(), false};
+        UNetInputs u;
+        u.sample = g.input_f32("sample", {12, 8, 4, 1}, x);
+        u.timestep = g.input_f32("timestep", {1}, t);
+        u.context = g.input_f32("context", {kCtx, 77, 1}, cond.context);
+        u.text_embeds = g.input_f32("text_embeds", {kPooled, 1}, cond.pooled);
+        u.time_ids = g.input_f32("time_ids", {6, 1}, ids);
+        return std::vector<ggml_tensor*>{unet.net->forward(c, u)};
+    });
+    double du = 0;
+    for (size_t i = 0; i < got.size(); ++i) du = std::max(du, (double)std::fabs(got[i] - want.at(0).data[i]));
+    std::printf("[sdxl family] diffusion vs direct UNet max diff %.3g\n", du);
+    EXPECT_LT(du, 1e-5);
 }
