@@ -8,6 +8,7 @@
 #include "io/weight_index.h"
 #include "models/flux/flux1.h"
 #include "models/flux/flux2_klein.h"
+#include "models/sd/sdxl.h"
 #include "models/sd/stable_diffusion.h"
 #include "models/zimage/z_image.h"
 #include "sampling/names.h"
@@ -56,6 +57,7 @@ const std::vector<FamilyEntry>& family_table() {
     static const std::vector<FamilyEntry> t = {
         {"SD1.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
         {"SD2.x", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusion::open(f, o); }},
+        {"SDXL", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return sd::StableDiffusionXL::open(f, o); }},
         {"Z-Image", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return zimage::ZImage::open(f, o); }},
         {"FLUX.2", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return flux::Flux2Klein::open(f, o); }},
         {"FLUX.1", [](const ModelFiles& f, const FamilyOptions& o) -> std::unique_ptr<Family> { return flux::Flux1::open(f, o); }},
@@ -162,10 +164,10 @@ std::unique_ptr<Family> open_family(const ModelFiles& files, const FamilyOptions
     // "diffusion model" parts; let the SD family decide from the UNet's own keys.
     bool has_unet = false;
     for (auto& c : d.components) has_unet = has_unet || c.kind == "unet";
-    if (has_unet && d.family != "SDXL") return sd::StableDiffusion::open(files, opt);
+    if (has_unet) return sd::StableDiffusion::open(files, opt);
     std::string found = d.family == "unknown" ? "nothing easel recognises" : d.family + (d.variant.empty() ? "" : " " + d.variant);
     fail(ErrorKind::ModelMismatch,
-         "{} {}: holds {}, not a diffusion model easel runs (no SD1.x/SD2.x UNet); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
+         "{} {}: holds {}, not a diffusion model easel runs (no SD1.x/SD2.x/SDXL UNet); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
          flag, platform::path_utf8(path), found);
 }
 

@@ -170,6 +170,13 @@ public:
     /// The prompt has had its <lora:...> tags removed.
     virtual Conditioning encode_prompt(const std::string& prompt, int clip_skip) = 0;
 
+    /// The conditioning of an empty negative prompt when the family's reference pipeline does not
+    /// encode "" (SDXL: zeros shaped as `positive`, diffusers' force_zeros_for_empty_prompt);
+    /// std::nullopt (the default): the empty prompt is encoded like any other.
+    virtual std::optional<Conditioning> empty_negative(const Conditioning& positive) const {
+        (void)positive;
+        return std::nullopt;
+    }
     /// One diffusion-model evaluation (loads Diffusion when needed).
     ///  x: latent [C, h, w] (C = latent_format().channels) at noise level sigma, already scaled
     ///     by the Denoiser's c_in (discrete models) or as is (flow models);

@@ -94,7 +94,9 @@ PromptConditioning encode_prompts(models::Family& fam, const std::string& prompt
     fam.load(models::Module::Te);
     r.positive = fam.encode_prompt(tags.text, r.clip_skip);
     if (need_negative) {
-        r.negative = fam.encode_prompt(ntags.text, r.clip_skip);
+        std::optional<models::Conditioning> zero;
+        if (ntags.text.empty()) zero = fam.empty_negative(r.positive);  // SDXL: zeros, as diffusers
+        r.negative = zero ? std::move(*zero) : fam.encode_prompt(ntags.text, r.clip_skip);
         r.has_negative = true;
     }
     r.encode_s = now_s() - t0;

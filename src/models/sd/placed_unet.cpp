@@ -12,15 +12,21 @@ using placement::PModule;
 
 namespace {
 
-/// The UNet's inputs at batch n, latent h x w, `tokens` context tokens, from host buffers.
+/// The UNet's inputs at batch n, latent h x w, `tokens` context tokens, from host buffers
+/// (SDXL: the pooled text embeddings `te` [n, add_text_dim] and time ids `ids` [n, add_time_ids]).
 std::function<UNetInputs(runtime::GraphBuilder&)> unet_inputs(const UNetConfig& cfg, int64_t n, int64_t h, int64_t w,
                                                               int64_t tokens, std::span<const float> x, std::span<const float> t,
-                                                              std::span<const float> c) {
+                                                              std::span<const float> c, std::span<const float> te = {},
+                                                              std::span<const float> ids = {}) {
     return [=, &cfg](runtime::GraphBuilder& g) {
         UNetInputs in;
         in.sample = g.input_f32("sample", {w, h, cfg.in_channels, n}, x);
         in.timestep = g.input_f32("timestep", {n}, t);
         in.context = g.input_f32("context", {cfg.context_dim, tokens, n}, c);
+        if (cfg.has_add_embedding) {
+            in.text_embeds = g.input_f32("text_embeds", {cfg.add_text_dim, n}, te);
+            in.time_ids = g.input_f32("time_ids", {cfg.add_time_ids, n}, ids);
+        }
         return in;
     };
 }
@@ -46,14 +52,16 @@ ModuleCosts unet_costs(const io::WeightIndex& index, const UNetConfig& cfg, nn::
         UNetConfig cfg;
         nn::TensorSource src;
         UNet2DCondition net;
-        std::vector<float> x, t, c;
+        std::vector<float> x, t, c, te, ids;
         Keep(const io::WeightIndex& i, const UNetConfig& k) : cfg(k), src(make_unet_source(i, k)), net(k) {}
     };
     auto k = std::make_shared<Keep>(index, cfg);
     k->x.resize((size_t)(n * cfg.in_channels * h * w));
     k->t.resize((size_t)n);
     k->c.resize((size_t)(n * tokens * cfg.context_dim));
-    auto mk = unet_inputs(k->cfg, n, h, w, tokens, k->x, k->t, k->c);  // spans into k, kept alive by the costs
+    k->te.resize((size_t)(n * cfg.add_text_dim));
+    k->ids.resize((size_t)(n * cfg.add_time_ids));
+    auto mk = unet_inputs(k->cfg, n, h, w, tokens, k->x, k->t, k->c, k->te, k->ids);  // spans into k, kept alive by the costs
     const std::string label = unet_label(k->net.n_blocks(), n, cfg.in_channels, h, w);
     return runtime::self_contained_costs<UNetInputs, UNetState, ggml_tensor*>(PModule::Diffusion, k, k->net, k->net, k->src, std::move(lo),
                                                                                  threads, flash_attn, mk, unet_output, label,
@@ -71,12 +79,17 @@ PlacedUNet::~PlacedUNet() = default;
 
 ModulePlan PlacedUNet::plan(int64_t n, int64_t h, int64_t w, int64_t tokens) {
     std::vector<float> x((size_t)(n * cfg_.in_channels * h * w)), t((size_t)n), c((size_t)(n * tokens * cfg_.context_dim));
-    return placed_.plan(unet_inputs(cfg_, n, h, w, tokens, x, t, c), unet_output, unet_label(net_->n_blocks(), n, cfg_.in_channels, h, w));
+    std::vector<float> te((size_t)(n * cfg_.add_text_dim)), ids((size_t)(n * cfg_.add_time_ids));
+    return placed_.plan(unet_inputs(cfg_, n, h, w, tokens, x, t, c, te, ids), unet_output, unet_label(net_->n_blocks(), n, cfg_.in_channels, h, w));
 }
 
 void PlacedUNet::run(std::span<const float> x, int64_t n, int64_t h, int64_t w, std::span<const float> t, std::span<const float> context,
-                     int64_t tokens, std::span<float> out) {
-    auto res = placed_.run({n, h, w, tokens}, unet_inputs(cfg_, n, h, w, tokens, x, t, context), unet_output,
+                     int64_t tokens, std::span<float> out, std::span<const float> text_embeds, std::span<const float> time_ids) {
+    if (cfg_.has_add_embedding &&
+        ((int64_t)text_embeds.size() != n * cfg_.add_text_dim || (int64_t)time_ids.size() != n * cfg_.add_time_ids))
+        fail(ErrorKind::InvalidInput, "SDXL UNet: {} pooled values and {} time ids for a batch of {}; expected {} and {} per sample",
+             text_embeds.size(), time_ids.size(), n, cfg_.add_text_dim, cfg_.add_time_ids);
+    auto res = placed_.run({n, h, w, tokens}, unet_inputs(cfg_, n, h, w, tokens, x, t, context, text_embeds, time_ids), unet_output,
                            unet_label(net_->n_blocks(), n, cfg_.in_channels, h, w));
     if (res.at(0).data.size() != out.size())
         fail(ErrorKind::InvalidInput, "UNet output has {} values, the buffer {}", res[0].data.size(), out.size());

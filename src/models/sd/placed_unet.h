@@ -33,11 +33,12 @@ public:
     /// without loading anything. Throws Error(OutOfMemory) when the plan does not fit.
     placement::ModulePlan plan(int64_t n, int64_t h, int64_t w, int64_t tokens);
 
-    /// One evaluation: x [n, Cin, h, w], timesteps [n], context [n, tokens, D] (PyTorch order)
+    /// One evaluation: x [n, Cin, h, w], timesteps [n], context [n, tokens, D] (PyTorch order),
+    /// for SDXL UNets the pooled text embeddings [n, add_text_dim] and time ids [n, add_time_ids]
     /// -> prediction [n, Cout, h, w]. Plans and loads on the first call and when the shapes
     /// change (the plan table is logged). Throws as plan() and SequenceRunner::run().
     void run(std::span<const float> x, int64_t n, int64_t h, int64_t w, std::span<const float> t, std::span<const float> context,
-             int64_t tokens, std::span<float> out);
+             int64_t tokens, std::span<float> out, std::span<const float> text_embeds = {}, std::span<const float> time_ids = {});
 
     /// The plan in use (empty before the first run()).
     const placement::ModulePlan& current_plan() const { return placed_.current_plan(); }

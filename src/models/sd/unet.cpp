@@ -17,9 +17,6 @@ void UNetState::visit_tensors(const nn::StateTensorFn& f) {
 
 UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
     const UNetConfig& c = cfg_;
-    if (c.has_add_embedding)
-        fail(ErrorKind::Unsupported,
-             "this UNet has add_embedding (SDXL-style text_time conditioning), which this build does not run yet");
     const int G = c.norm_groups;
     const float eps = c.norm_eps;
     auto unit = [&](Kind k, int b, int j) {
@@ -34,6 +31,10 @@ UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
     conv_in_ = &add<nn::Conv2d>("conv_in", c.in_channels, c.model_channels, c.conv_in_kernel, 1, (c.conv_in_kernel - 1) / 2);
     time_linear_1_ = &add<nn::Linear>("time_embedding.linear_1", c.time_proj_dim, c.time_embed_dim);
     time_linear_2_ = &add<nn::Linear>("time_embedding.linear_2", c.time_embed_dim, c.time_embed_dim);
+    if (c.has_add_embedding) {
+        add_linear_1_ = &add<nn::Linear>("add_embedding.linear_1", c.add_embed_in, c.time_embed_dim);
+        add_linear_2_ = &add<nn::Linear>("add_embedding.linear_2", c.time_embed_dim, c.time_embed_dim);
+    }
 
     for (int b = 0; b < (int)c.down.size(); ++b) {
         auto& d = c.down[b];
@@ -89,6 +90,10 @@ std::string UNet2DCondition::block_name(int i) const {
 void UNet2DCondition::visit_prologue_params(const std::function<void(const std::string&, nn::Param&)>& fn) {
     time_linear_1_->visit_params("time_embedding.linear_1", fn);
     time_linear_2_->visit_params("time_embedding.linear_2", fn);
+    if (add_linear_1_) {
+        add_linear_1_->visit_params("add_embedding.linear_1", fn);
+        add_linear_2_->visit_params("add_embedding.linear_2", fn);
+    }
     conv_in_->visit_params("conv_in", fn);
 }
 
@@ -118,6 +123,22 @@ void UNet2DCondition::validate(const UNetInputs& in) const {
     if (ctx->ne[1] < 1 || ctx->ne[2] != N || ctx->ne[3] != 1)
         fail(ErrorKind::InvalidInput, "UNet conditioning has shape [N={}, L={}, D={}] for a batch of {}", ctx->ne[2],
              ctx->ne[1], ctx->ne[0], N);
+    if (!cfg_.has_add_embedding) {
+        if (in.text_embeds || in.time_ids)
+            fail(ErrorKind::InvalidInput, "this UNet has no add_embedding: it takes no pooled text embedding or time ids");
+        return;
+    }
+    if (!in.text_embeds || !in.time_ids)
+        fail(ErrorKind::InvalidInput, "this SDXL UNet needs the pooled text embedding and the time ids (text_time conditioning)");
+    if (in.text_embeds->type != GGML_TYPE_F32 || in.time_ids->type != GGML_TYPE_F32)
+        fail(ErrorKind::InvalidInput, "UNet text_embeds / time_ids must be F32 tensors");
+    if (in.text_embeds->ne[0] != cfg_.add_text_dim || in.text_embeds->ne[1] != N || ggml_nelements(in.text_embeds) != cfg_.add_text_dim * N)
+        fail(ErrorKind::InvalidInput,
+             "UNet pooled text embedding has width {} for a batch of {}; this model takes {} (the second text encoder's projection)",
+             in.text_embeds->ne[0], in.text_embeds->ne[1], cfg_.add_text_dim);
+    if (in.time_ids->ne[0] != cfg_.add_time_ids || in.time_ids->ne[1] != N || ggml_nelements(in.time_ids) != cfg_.add_time_ids * N)
+        fail(ErrorKind::InvalidInput, "UNet time ids have {} values per sample for a batch of {}; this model takes {}", in.time_ids->ne[0],
+             in.time_ids->ne[1], cfg_.add_time_ids);
 }
 
 UNetState UNet2DCondition::prologue(nn::Ctx& c, const UNetInputs& in) const {
@@ -125,6 +146,18 @@ UNetState UNet2DCondition::prologue(nn::Ctx& c, const UNetInputs& in) const {
     UNetState s;
     ggml_tensor* t = nn::timestep_embedding(c, in.timestep, (int)cfg_.time_proj_dim, cfg_.flip_sin_to_cos, cfg_.freq_shift);
     ggml_tensor* emb = time_linear_2_->forward(c, ggml_silu(c.ctx, time_linear_1_->forward(c, t)));
+    if (cfg_.has_add_embedding) {
+        // diffusers text_time: add_time_proj(time_ids.flatten()) -> [N * ids, Dt] reshaped to
+        // [N, ids * Dt] (each sample's id embeddings side by side), concat with text_embeds,
+        // add_embedding (linear_1 -> SiLU -> linear_2), added to the time embedding.
+        const int64_t N = in.time_ids->ne[1];
+        ggml_tensor* ids = ggml_reshape_1d(c.ctx, in.time_ids, cfg_.add_time_ids * N);
+        ggml_tensor* te = nn::timestep_embedding(c, ids, (int)cfg_.add_time_dim, cfg_.flip_sin_to_cos, cfg_.freq_shift);
+        te = ggml_reshape_2d(c.ctx, te, cfg_.add_time_dim * cfg_.add_time_ids, N);
+        ggml_tensor* add_in = ggml_concat(c.ctx, in.text_embeds, te, 0);
+        ggml_tensor* aug = add_linear_2_->forward(c, ggml_silu(c.ctx, add_linear_1_->forward(c, add_in)));
+        emb = ggml_add(c.ctx, emb, aug);
+    }
     s.temb = ggml_silu(c.ctx, emb);  // every ResnetBlock2D applies SiLU to temb first
     s.context = in.context;
     s.h = conv_in_->forward(c, in.sample);

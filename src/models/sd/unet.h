@@ -1,6 +1,7 @@
 // The SD1.x/SD2.x UNet (diffusers UNet2DConditionModel) as a typed sequence of blocks.
 //
 //   prologue   time embedding (sinusoidal -> time_embedding.linear_1 -> SiLU -> linear_2),
+//              plus, for SDXL (text_time), add_embedding(concat(text_embeds, sinusoidal(time_ids)));
 //              conv_in; pushes the first skip
 //   block[i]   in order:
 //                Down   down_blocks.b.resnets.j (+ attentions.j); pushes a skip
@@ -14,8 +15,7 @@
 // embedding, the conditioning and the skip stack, so a runtime can cut the sequence anywhere.
 // Order of operations follows diffusers/models/unets/unet_2d_condition.py forward().
 //
-// Later (designed for, not built): SDXL adds add_embedding (text_time) to the time embedding
-// in the prologue; ControlNet residuals are added to every skip and to the mid output in the
+// Later (designed for, not built): ControlNet residuals are added to every skip and to the mid output in the
 // Mid block (diffusers down_block_additional_residuals / mid_block_additional_residual).
 #pragma once
 
@@ -35,6 +35,12 @@ struct UNetInputs {
     ggml_tensor* sample = nullptr;    ///< latent x_t [N, Cin, H, W], ne {W, H, Cin, N}; any H, W >= 1
     ggml_tensor* timestep = nullptr;  ///< [N], ne {N}: per-sample timestep, fractional allowed (0..1000 scale)
     ggml_tensor* context = nullptr;   ///< conditioning [N, L, Dctx], ne {Dctx, L, N} (text encoder hidden states)
+    /// SDXL (UNetConfig::has_add_embedding) only, else null: the pooled text embedding
+    /// [N, add_text_dim], ne {add_text_dim, N} (OpenCLIP-G text_embeds) and the micro-conditioning
+    /// time ids [N, add_time_ids], ne {add_time_ids, N} (pixels: original h, w, crop top, left,
+    /// target h, w; the refiner: original h, w, crop top, left, aesthetic score).
+    ggml_tensor* text_embeds = nullptr;
+    ggml_tensor* time_ids = nullptr;
 };
 
 /// What flows between blocks (an nn::SequenceState). Nothing is recomputed: every tensor a
@@ -73,8 +79,7 @@ class UNet2DCondition : public nn::Block, public nn::Sequence<UNetInputs, UNetSt
 public:
     using Kind = UNetUnit::Kind;
 
-    /// Builds the tree for `cfg` (from infer_unet_config()). Throws Error(Unsupported) for an
-    /// SDXL-style UNet (add_embedding) until that is implemented.
+    /// Builds the tree for `cfg` (from infer_unet_config()).
     explicit UNet2DCondition(UNetConfig cfg);
 
     const UNetConfig& config() const { return cfg_; }
@@ -86,12 +91,13 @@ public:
     std::string block_name(int i) const;
     /// The parameters of entry i (visit_params("") gives their full diffusers names).
     const nn::Block& block_params(int i) const override { return *units_.at((size_t)i); }
-    /// Parameters of the prologue (time_embedding, conv_in) and epilogue (conv_norm_out, conv_out).
+    /// Parameters of the prologue (time_embedding, add_embedding, conv_in) and epilogue (conv_norm_out, conv_out).
     void visit_prologue_params(const std::function<void(const std::string&, nn::Param&)>& fn);
     void visit_epilogue_params(const std::function<void(const std::string&, nn::Param&)>& fn);
 
     /// Checks input shapes against the config: sample {W, H, in_channels, N} with W, H >= 1,
-    /// timestep {N}, context {context_dim, L >= 1, N}, all F32. Throws Error(InvalidInput).
+    /// timestep {N}, context {context_dim, L >= 1, N}, for SDXL text_embeds {add_text_dim, N}
+    /// and time_ids {add_time_ids, N}, all F32. Throws Error(InvalidInput).
     void validate(const UNetInputs& in) const;
 
     /// Time embedding and conv_in; returns the state before block 0. Validates the inputs first.
@@ -106,6 +112,8 @@ private:
     nn::Conv2d* conv_in_;
     nn::Linear* time_linear_1_;
     nn::Linear* time_linear_2_;
+    nn::Linear* add_linear_1_ = nullptr;
+    nn::Linear* add_linear_2_ = nullptr;
     nn::GroupNorm* conv_norm_out_;
     nn::Conv2d* conv_out_;
     std::vector<UNetUnit*> units_;

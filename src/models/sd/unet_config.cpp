@@ -274,6 +274,11 @@ UNetOverrides unet_overrides_from_diffusers_config(const nlohmann::json& cfg) {
     if (auto g = num("norm_num_groups")) o.norm_groups = (int)*g;
     if (auto e = num("norm_eps")) o.norm_eps = (float)*e;
     if (auto f = num("freq_shift")) o.freq_shift = (float)*f;
+    if (auto t = num("addition_time_embed_dim")) o.addition_time_embed_dim = (int)*t;
+    if (auto it = cfg.find("addition_embed_type"); it != cfg.end() && !it->is_null()) {
+        if (!it->is_string() || it->get<std::string>() != "text_time")
+            fail(ErrorKind::Unsupported, "UNet config.json: addition_embed_type {} is not supported (only \"text_time\", SDXL's)", it->dump());
+    }
     if (auto it = cfg.find("flip_sin_to_cos"); it != cfg.end() && !it->is_null()) {
         if (!it->is_boolean()) fail(ErrorKind::InvalidInput, "UNet config.json: 'flip_sin_to_cos' must be true or false");
         o.flip_sin_to_cos = it->get<bool>();
@@ -310,11 +315,15 @@ std::string UNetConfig::summary() const {
             s += fmt::format("+attn(h{} d{} depth{})", d.attentions[0].heads, d.attentions[0].head_dim, d.attentions[0].depth);
         blocks.push_back(s);
     }
-    return fmt::format("UNet {} layout, in {} out {}, channels {}, down [{}], mid {}, context {}, "
+    std::string mid_s = "none";
+    if (mid.present) mid_s = mid.attentions.empty() ? "resnets" : fmt::format("attn depth{}", mid.attentions[0].depth);
+    return fmt::format("UNet {} layout, in {} out {}, channels {}, down [{}], mid {}, context {}{}, "
                        "{} groups, heads from {}",
                        layout == UNetKeyLayout::Ldm ? "LDM" : "diffusers", in_channels, out_channels, model_channels,
-                       fmt::join(blocks, ", "), mid.present ? (mid.attentions.empty() ? "resnets" : "attn") : "none",
-                       context_dim, norm_groups, heads_source);
+                       fmt::join(blocks, ", "), mid_s, context_dim,
+                       has_add_embedding ? fmt::format(", text_time (pooled {} + {} ids x {})", add_text_dim, add_time_ids, add_time_dim)
+                                         : std::string(),
+                       norm_groups, heads_source);
 }
 
 std::string unet_ldm_key(const UNetConfig& cfg, const std::string& canonical) {
@@ -349,6 +358,7 @@ UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& 
         if (!ov.norm_eps) ov.norm_eps = f.norm_eps;
         if (!ov.flip_sin_to_cos) ov.flip_sin_to_cos = f.flip_sin_to_cos;
         if (!ov.freq_shift) ov.freq_shift = f.freq_shift;
+        if (!ov.addition_time_embed_dim) ov.addition_time_embed_dim = f.addition_time_embed_dim;
     }
     UNetConfig c;
     // 1. layout and prefix
@@ -417,6 +427,25 @@ UNetConfig infer_unet_config(const io::WeightIndex& index, const UNetOverrides& 
     if (c.conv_in_kernel % 2 == 0 || c.conv_out_kernel % 2 == 0 || ci[2] != ci[3] || co[2] != co[3])
         fail(ErrorKind::ModelMismatch, "UNet conv_in/conv_out kernels must be square and odd");
     c.has_add_embedding = inf.has("add_embedding.linear_1.weight");
+    if (c.has_add_embedding) {
+        auto& a1 = inf.shape("add_embedding.linear_1.weight", 2);
+        auto& a2 = inf.shape("add_embedding.linear_2.weight", 2);
+        if (a1[0] != c.time_embed_dim || a2[0] != c.time_embed_dim || a2[1] != c.time_embed_dim)
+            fail(ErrorKind::ModelMismatch, "UNet add_embedding [{}, {}] / [{}, {}] does not match the time embedding width {}", a1[0],
+                 a1[1], a2[0], a2[1], c.time_embed_dim);
+        c.add_embed_in = a1[1];
+        c.add_time_dim = ov.addition_time_embed_dim.value_or(256);
+        if (c.add_time_dim <= 0 || c.add_time_dim % 2 != 0)
+            fail(ErrorKind::InvalidInput, "UNet addition_time_embed_dim {} must be a positive even number", c.add_time_dim);
+        // SDXL base: 6 ids (original size, crop, target size); the refiner: 5 (original size,
+        // crop, aesthetic score) with a 1280 pooled embedding (2560 = 1280 + 5 * 256).
+        c.add_time_ids = c.add_embed_in - 5 * c.add_time_dim == 1280 ? 5 : 6;
+        c.add_text_dim = c.add_embed_in - c.add_time_ids * c.add_time_dim;
+        if (c.add_text_dim <= 0)
+            fail(ErrorKind::ModelMismatch,
+                 "UNet add_embedding takes {} values, fewer than {} time ids x {}: give addition_time_embed_dim (diffusers config.json)",
+                 c.add_embed_in, c.add_time_ids, c.add_time_dim);
+    }
 
     // 4. blocks
     const int max_down = c.layout == UNetKeyLayout::Ldm ? ldm_L : 1 << 20;

@@ -49,6 +49,9 @@ struct UNetOverrides {
     std::optional<float> norm_eps;         ///< eps of resnet GroupNorms, conv_norm_out and LayerNorms (1e-5)
     std::optional<bool> flip_sin_to_cos;   ///< timestep embedding order [cos, sin] (true for SD)
     std::optional<float> freq_shift;       ///< timestep embedding downscale_freq_shift (0 for SD)
+    /// SDXL text_time conditioning: width of the sinusoidal embedding of each of the 6 time ids
+    /// (diffusers addition_time_embed_dim; 256 for SDXL base/refiner/SSD-1B).
+    std::optional<int> addition_time_embed_dim;
     /// Where these values came from, for logs ("config.json", "test override", ...).
     std::string source;
 };
@@ -128,8 +131,18 @@ struct UNetConfig {
     MidBlockSpec mid;
     std::vector<UpBlockSpec> up;
 
-    /// Present for SDXL-style UNets (add_embedding.*); not supported by this build yet.
+    /// SDXL-style UNets (diffusers addition_embed_type "text_time", SGM label_emb with
+    /// adm_in_channels): add_embedding.linear_1 [time_embed_dim, add_embed_in] -> SiLU ->
+    /// linear_2 [time_embed_dim, time_embed_dim], its output added to the time embedding. Its
+    /// input is concat(text_embeds [add_text_dim], Timesteps(add_time_dim)(time_ids) flattened
+    /// [add_time_ids * add_time_dim]), add_text_dim = add_embed_in - add_time_ids * add_time_dim
+    /// (SDXL base: 2816 = 1280 + 6 * 256; the refiner: 2560 = 1280 + 5 * 256, its 5th id the
+    /// aesthetic score).
     bool has_add_embedding = false;
+    int64_t add_embed_in = 0;     ///< add_embedding.linear_1 input width
+    int64_t add_time_dim = 256;   ///< addition_time_embed_dim
+    int add_time_ids = 6;         ///< number of time ids (6: base (orig h, w, crop top, left, target h, w); 5: refiner)
+    int64_t add_text_dim = 0;     ///< pooled text embedding width (add_embed_in - add_time_ids * add_time_dim)
     /// Where heads/groups came from ("config.json", "SD1.x convention: 8 heads", ...).
     std::string heads_source;
 
