@@ -272,7 +272,10 @@ void apply_family_defaults(Setup& s, const models::Family& fam) {
     if (!s.p.cfg_scale_given) s.p.cfg_scale = d.cfg_scale;
     if (!s.sigmas.empty()) {
         const int n = static_cast<int>(s.sigmas.size()) - 1;
-        if (s.p.steps != n) log::info("--sigmas gives {} steps (--steps {} is not used)", n, s.p.steps);
+        // (said only of a list custom_schedule will accept: a refused one gets its one error line)
+        const bool decreasing = n >= 1 && std::is_sorted(s.sigmas.rbegin(), s.sigmas.rend()) &&
+                                std::adjacent_find(s.sigmas.begin(), s.sigmas.end()) == s.sigmas.end();
+        if (s.p.steps != n && decreasing) log::info("--sigmas gives {} steps (--steps {} is not used)", n, s.p.steps);
         s.p.steps = n;
     }
 }

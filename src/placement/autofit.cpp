@@ -521,7 +521,9 @@ std::string merge_max_vram(const FitRequest& req, const std::map<std::string, ui
         if (!replaced && e.find_first_not_of(" \t") != std::string::npos) out += (out.empty() ? "" : ",") + e;
         if (comma == v.size()) break;
     }
-    for (auto& [d, b] : caps) {
+    for (auto& cap : caps) {
+        const auto& d = cap.first;  // (a named copy: clang 14 cannot capture a structured binding)
+        const auto& b = cap.second;
         const uint64_t head = [&] {
             for (auto& dev : req.devices)
                 if (dev.name == d) return dev.headroom;

@@ -358,20 +358,24 @@ void Sampler::step_more(Denoiser& d) {
             const double s_raw = st_.sigmas[static_cast<size_t>(i)];
             const double rho_s = rho_of(s_raw), rho_t = rho_of(sn), a_s = a_of(s_raw), a_t = a_of(sn);
             const double sig_s = flow ? (std::abs(s_raw - 1.0) < 1e-6 ? s_raw - 1e-6 : s_raw) : s;
-            std::vector<float> m(n);  // eps; VE: (x - D)/sigma, flow: (x - (1-sigma) D)/sigma
-            for (size_t k = 0; k < n; ++k) m[k] = static_cast<float>((x[k] - a_s * D[k]) / sig_s);
+            // eps; VE: (x - D)/sigma, flow: (x - (1-sigma) D)/sigma. The step uses it in double: on a
+            // flow model's first step (alpha_s ~ 3e-4) x/alpha_s and c*eps cancel to 2-3 digits, and
+            // a float32 eps would cost 2e-5 (the float32 copy is what the next step reads)
+            auto eps = [&](size_t k) { return (x[k] - a_s * static_cast<double>(D[k])) / sig_s; };
+            std::vector<float> m(n);
+            for (size_t k = 0; k < n; ++k) m[k] = static_cast<float>(eps(k));
             auto& hist = st_.history;  // [eps of the previous step]
             const bool lof = N < 15 && i == N - 1;  // lower_order_final
             const int lower_order_nums = static_cast<int>(std::min<int64_t>(i, kDeisOrder));
             if (lower_order_nums < 1 || lof || hist.empty()) {
                 const double c = rho_t - rho_s;
-                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a_t * (x[k] / a_s + c * m[k]));
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a_t * (x[k] / a_s + c * eps(k)));
             } else {
                 const double rho_s1 = rho_of(st_.sigmas[static_cast<size_t>(i - 1)]);
                 const double c1 = deis_ind2(rho_t, rho_s, rho_s1) - deis_ind2(rho_s, rho_s, rho_s1);
                 const double c2 = deis_ind2(rho_t, rho_s1, rho_s) - deis_ind2(rho_s, rho_s1, rho_s);
                 const auto& m1 = hist.back();
-                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a_t * (x[k] / a_s + c1 * m[k] + c2 * m1[k]));
+                for (size_t k = 0; k < n; ++k) x[k] = static_cast<float>(a_t * (x[k] / a_s + c1 * eps(k) + c2 * m1[k]));
             }
             hist.assign(1, std::move(m));
             break;

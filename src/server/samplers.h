@@ -3,8 +3,8 @@
 // easel names) mapped to easel's --sampling-method / --scheduler names, and the lists that
 // /sdapi/v1/samplers and /sdapi/v1/schedulers return.
 //
-// One lookup (lookup_a1111_sampler) holds the name table; it is the only function to switch
-// when the sampling layer gains its own A1111 table.
+// All of it is a view of the sampling layer's one name table (sampling/names.h), the one the
+// CLI's --sampling-method / --scheduler read.
 #pragma once
 
 #include <optional>

@@ -40,6 +40,7 @@ check_peaks() {
 # sweep: sizes x caps. The caps are fractions of the job's uncapped need on one device (the
 # predicted peak of RPC0 when auto-fit puts everything there), so each size meets plans that
 # split, stream or move modules to the CPU.
+declare -A on_rpc=()
 for size in 64 128 256; do
   job=(-m "$model" -p "a cat" -W "$size" -H "$size" --steps 2 -s 1 -t 1 --cache-dir "$cache")
   "$easel" generate "${job[@]}" --backend cpu -o "$tmp/plain.png" >/dev/null 2>"$tmp/plain.log" ||
@@ -79,11 +80,23 @@ for size in 64 128 256; do
       echo "FAIL $name: no flags line printed"
       fails=$((fails + 1))
     elif [[ "$(sed -E 's/.*--backend "([^"]*)".*/\1/' <<<"$flags")" == *RPC* ]]; then
+      on_rpc[$size]=$(( ${on_rpc[$size]:-0} + 1 ))
       check_peaks "$tmp/out.log" "$c0" "$c1" "$name [$flags]" || fails=$((fails + 1))
     else
       echo "ok   $name: everything on the CPU [$flags]"
     fi
   done
+done
+
+# a sweep that put every case on the CPU would check no placement: each size must have used the
+# two RPC devices in at least one case
+for size in 64 128 256; do
+  if [ "${on_rpc[$size]:-0}" -eq 0 ]; then
+    echo "FAIL auto-fit ${size}x${size}: no case of the sweep placed anything on the RPC devices"
+    fails=$((fails + 1))
+  else
+    echo "ok   auto-fit ${size}x${size}: ${on_rpc[$size]} of 4 cases placed on the RPC devices"
+  fi
 done
 
 # the printed flags line, passed back explicitly, gives the same plan table

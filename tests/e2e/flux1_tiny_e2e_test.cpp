@@ -217,7 +217,9 @@ TEST(Flux1Family, FirstDiTCallMatchesDiffusers) {
         auto want = models::flux::unpack_latents(read_f32(ref, "dit0_out"), 1, 16, h, w);
         EXPECT_LT(max_abs_diff(x, read_f32(ref, "noise")), 1e-6);  // the first input is the packed noise
         EXPECT_NEAR(read_f32(ref, "dit0_t")[0], c["sigmas"][0].get<float>(), 1e-6);
-        if (is_dev(c)) EXPECT_FLOAT_EQ(read_f32(ref, "dit0_guidance")[0], c["guidance"].get<float>());
+        if (is_dev(c)) {
+            EXPECT_FLOAT_EQ(read_f32(ref, "dit0_guidance")[0], c["guidance"].get<float>());
+        }
         auto cond = cond_from(ref, "cond", "pooled", 16);
         std::vector<float> got(x.size());
         fam->diffusion(x, {}, h, w, c["timesteps"][0].get<double>(), cond, got);
@@ -376,15 +378,15 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Flux1TinyE2E);
 TEST_P(Flux1TinyE2E, MatchesDiffusersWithin2Of255) {
     const auto& c = cases_json()["cases"][GetParam().case_index];
     const bool folder = GetParam().form == Form::Folder;
-    const fs::path out = fs::path(testing::TempDir()) / ("easel_flux1_" + param_name(GetParam()) + "_" + std::to_string(getpid()) + ".png");
+    const fs::path out = fs::path(testing::TempDir()) / ("easel_flux1_" + param_name(GetParam()) + std::string("_") + std::to_string(getpid()) + ".png");
     const auto files = files_for(GetParam().form, is_dev(c));
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1";
     if (folder) cmd += " -m " + quote(files.model);
     else
         cmd += " --diffusion-model " + quote(files.diffusion_model) + " --t5xxl " + quote(files.t5xxl) + " --clip_l " + quote(files.clip_l) +
                " --vae " + quote(files.vae);
-    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + " -W " + std::to_string(c["width"].get<int>()) + " -H " +
-           std::to_string(c["height"].get<int>()) + " --steps " + std::to_string(c["steps"].get<int>()) + " --cfg-scale " +
+    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + std::string(" -W ") + std::to_string(c["width"].get<int>()) + " -H " +
+           std::to_string(c["height"].get<int>()) + std::string(" --steps ") + std::to_string(c["steps"].get<int>()) + " --cfg-scale " +
            c["cfg_scale"].dump() + (is_dev(c) ? " --guidance " + c["guidance"].dump() : std::string()) + " -s " +
            std::to_string(c["seed"].get<int64_t>()) + " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " +
            c["scheduler"].get<std::string>() + " --rng " + c["rng"].get<std::string>() + " --no-cache -o " + quote(out.string()) +
@@ -414,12 +416,12 @@ TEST(Flux1TinyE2EDefaults, DefaultsReproduceDiffusers) {
         ASSERT_NE(cp, nullptr) << variant;
         const auto& c = *cp;
         const auto files = files_for(Form::Single, is_dev(c));
-        const fs::path out = fs::path(testing::TempDir()) / (std::string("easel_flux1_defaults_") + variant + "_" + std::to_string(getpid()) + ".png");
+        const fs::path out = fs::path(testing::TempDir()) / (std::string("easel_flux1_defaults_") + variant + std::string("_") + std::to_string(getpid()) + ".png");
         std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 --diffusion-model " + quote(files.diffusion_model) + " --t5xxl " +
                           quote(files.t5xxl) + " --clip_l " + quote(files.clip_l) + " --vae " + quote(files.vae) + " -p " + quote(c["prompt"]) +
-                          " -W " + std::to_string(c["width"].get<int>()) + " -H " + std::to_string(c["height"].get<int>()) + " --steps " +
+                          std::string(" -W ") + std::to_string(c["width"].get<int>()) + std::string(" -H ") + std::to_string(c["height"].get<int>()) + " --steps " +
                           std::to_string(c["steps"].get<int>()) + (is_dev(c) ? " --guidance " + c["guidance"].dump() : std::string()) +
-                          " -s " + std::to_string(c["seed"].get<int64_t>()) + " --rng cpu --no-cache -o " + quote(out.string()) +
+                          std::string(" -s ") + std::to_string(c["seed"].get<int64_t>()) + " --rng cpu --no-cache -o " + quote(out.string()) +
                           " > /dev/null 2>&1";
         fs::remove(out);
         ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -443,8 +445,8 @@ TEST(Flux1TinyE2EErrors, WrongTextEncoderIsOneLineError) {
         {" --t5xxl " + quote(files.t5xxl) + " --clip_l " + quote(files.clip_l) + " --llm " + quote(qwen.string()), "--llm", "no LLM"},
     };
     for (const auto& cs : cases) {
-        const fs::path out = fs::path(testing::TempDir()) / ("easel_flux1_err_" + std::to_string(getpid()) + ".png");
-        const fs::path err = fs::path(testing::TempDir()) / ("easel_flux1_err_" + std::to_string(getpid()) + ".txt");
+        const fs::path out = fs::path(testing::TempDir()) / (std::string("easel_flux1_err_") + std::to_string(getpid()) + ".png");
+        const fs::path err = fs::path(testing::TempDir()) / (std::string("easel_flux1_err_") + std::to_string(getpid()) + ".txt");
         const std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 --diffusion-model " + quote(files.diffusion_model) + " --vae " +
                                 quote(files.vae) + cs.extra + " -p 'a cat' -W 64 -H 64 --steps 1 --rng cpu --no-cache -o " +
                                 quote(out.string()) + " > /dev/null 2> " + quote(err.string());

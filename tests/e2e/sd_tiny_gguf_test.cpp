@@ -101,9 +101,12 @@ TEST(SdTinyGguf, Q8UnetGgufStaysClose) {
     auto want = easel::pipeline::load_image(kDir / "case_euler_discrete_a_s0.png", 3);
     double mean = 0;
     int mx = max_abs_diff(got, want, &mean);
-    // Q8_0 weights (and F16 activations in F16 matmuls) move pixels a little; a wrong
-    // dequantisation or layout moves them by far more (mean tens of levels).
-    EXPECT_LE(mean, 3.0) << "max " << mx;
+    // Q8_0 weights (and F16 activations in F16 matmuls) move pixels a little: measured mean 0.21,
+    // max 2 levels. Two seeds of the same prompt differ by a mean of 4.3 levels, and a wrong
+    // dequantisation or layout by tens: the bounds are about twice what was measured.
+    std::printf("Q8_0 UNet vs diffusers' F32 image: mean |diff| %.3f, max %d (of 255)\n", mean, mx);
+    EXPECT_LE(mean, 0.5) << "max " << mx;
+    EXPECT_LE(mx, 4) << "mean " << mean;
     fs::remove(g);
 }
 

@@ -98,8 +98,9 @@ TEST(ZImageFamily, PromptIdsMatchDiffusers) {
     for (auto& c : cj["cases"]) {
         auto want = c["cond_ids"].get<std::vector<int32_t>>();
         EXPECT_EQ(fam->prompt_ids(c["prompt"].get<std::string>()), want) << c["name"];
-        if (c.contains("uncond_ids"))
+        if (c.contains("uncond_ids")) {
             EXPECT_EQ(fam->prompt_ids(c["negative_prompt"].get<std::string>()), c["uncond_ids"].get<std::vector<int32_t>>()) << c["name"];
+        }
     }
     EXPECT_FALSE(fam->loaded(models::Module::Te));  // ids need no text encoder
 }
@@ -247,7 +248,7 @@ void write_qwen3(const fs::path& path, int64_t hidden) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> t{{"model.embed_tokens.weight", {64, hidden}},
                                                                 {"model.norm.weight", {hidden}}};
     for (int l = 0; l < 2; ++l) {
-        const std::string p = "model.layers." + std::to_string(l) + ".";
+        const std::string p = std::string("model.layers.") + std::to_string(l) + ".";
         t.push_back({p + "input_layernorm.weight", {hidden}});
         t.push_back({p + "post_attention_layernorm.weight", {hidden}});
         t.push_back({p + "self_attn.q_proj.weight", {16, hidden}});
@@ -278,7 +279,7 @@ std::string error_of(const std::function<void()>& f, ErrorKind* kind) {
 // A text encoder that does not fit the transformer is refused at load(Te), before any weight
 // is loaded or any graph built, with a message naming the encoder the transformer expects.
 TEST(ZImageFamily, RefusesTextEncoderThatDoesNotFit) {
-    const fs::path tmp = fs::path(testing::TempDir()) / ("zimage_te_" + std::to_string(getpid()));
+    const fs::path tmp = fs::path(testing::TempDir()) / (std::string("zimage_te_") + std::to_string(getpid()));
     fs::create_directories(tmp);
     auto files = files_for(Form::Single);
 
@@ -364,14 +365,14 @@ TEST_P(ZImageTinyE2E, MatchesDiffusersWithin2Of255) {
     const auto c = cases_json()["cases"][GetParam().case_index];
     const bool folder = GetParam().form == Form::Folder;
     const fs::path out = fs::path(testing::TempDir()) /
-                         ("easel_zimage_" + c["name"].get<std::string>() + (folder ? "_folder" : "_single") + "_" + std::to_string(getpid()) + ".png");
+                         ("easel_zimage_" + c["name"].get<std::string>() + (folder ? "_folder" : "_single") + std::string("_") + std::to_string(getpid()) + ".png");
     const auto files = files_for(GetParam().form);
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1";
     if (folder) cmd += " -m " + quote(files.model);
     else cmd += " --diffusion-model " + quote(files.diffusion_model) + " --llm " + quote(files.llm) + " --vae " + quote(files.vae);
-    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + " -W " + std::to_string(c["width"].get<int>()) +
-           " -H " + std::to_string(c["height"].get<int>()) + " --steps " + std::to_string(c["steps"].get<int>()) +
-           " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + std::string(" -W ") + std::to_string(c["width"].get<int>()) +
+           std::string(" -H ") + std::to_string(c["height"].get<int>()) + std::string(" --steps ") + std::to_string(c["steps"].get<int>()) +
+           " --cfg-scale " + c["cfg_scale"].dump() + std::string(" -s ") + std::to_string(c["seed"].get<int64_t>()) +
            " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " + c["scheduler"].get<std::string>() +
            " --rng " + c["rng"].get<std::string>() + " --no-cache -o " + quote(out.string()) + " > /dev/null 2>&1";
     fs::remove(out);
@@ -398,11 +399,11 @@ TEST(ZImageTinyE2ESizes, SidesRoundDownToMultiplesOf16) {
         if (c["width"].get<int>() == 96 && c["height"].get<int>() == 64) cp = &c;
     ASSERT_NE(cp, nullptr) << "cases.json has no 96x64 case";
     const auto& c = *cp;
-    const fs::path out = fs::path(testing::TempDir()) / ("easel_zimage_round_" + std::to_string(getpid()) + ".png");
+    const fs::path out = fs::path(testing::TempDir()) / (std::string("easel_zimage_round_") + std::to_string(getpid()) + ".png");
     const auto files = files_for(Form::Folder);
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 -m " + quote(files.model) + " -p " + quote(c["prompt"]) + " -n " +
-                      quote(c["negative_prompt"]) + " -W 104 -H 70 --steps " + std::to_string(c["steps"].get<int>()) +
-                      " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+                      quote(c["negative_prompt"]) + std::string(" -W 104 -H 70 --steps ") + std::to_string(c["steps"].get<int>()) +
+                      " --cfg-scale " + c["cfg_scale"].dump() + std::string(" -s ") + std::to_string(c["seed"].get<int64_t>()) +
                       " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " +
                       c["scheduler"].get<std::string>() + " --rng " + c["rng"].get<std::string>() + " --no-cache -o " +
                       quote(out.string()) + " > /dev/null 2>&1";
@@ -447,14 +448,14 @@ TEST_P(ZImageTinyImg2Img, MatchesDiffusersWithin2Of255) {
     const auto c = cases_json()["img2img_cases"][GetParam().case_index];
     const bool folder = GetParam().form == Form::Folder;
     const fs::path out = fs::path(testing::TempDir()) /
-                         ("easel_zimage_i2i_" + c["name"].get<std::string>() + (folder ? "_folder" : "_single") + "_" + std::to_string(getpid()) + ".png");
+                         ("easel_zimage_i2i_" + c["name"].get<std::string>() + (folder ? "_folder" : "_single") + std::string("_") + std::to_string(getpid()) + ".png");
     const auto files = files_for(GetParam().form);
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1";
     if (folder) cmd += " -m " + quote(files.model);
     else cmd += " --diffusion-model " + quote(files.diffusion_model) + " --llm " + quote(files.llm) + " --vae " + quote(files.vae);
-    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + " -W " + std::to_string(c["width"].get<int>()) +
-           " -H " + std::to_string(c["height"].get<int>()) + " --steps " + std::to_string(c["steps"].get<int>()) +
-           " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+    cmd += " -p " + quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + std::string(" -W ") + std::to_string(c["width"].get<int>()) +
+           std::string(" -H ") + std::to_string(c["height"].get<int>()) + std::string(" --steps ") + std::to_string(c["steps"].get<int>()) +
+           " --cfg-scale " + c["cfg_scale"].dump() + std::string(" -s ") + std::to_string(c["seed"].get<int64_t>()) +
            " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " + c["scheduler"].get<std::string>() +
            " --rng " + c["rng"].get<std::string>() + " -i " + quote((kDir / c["init_image"].get<std::string>()).string()) +
            " --strength " + c["strength"].dump() + " --no-cache -o " + quote(out.string()) + " > /dev/null 2>&1";

@@ -181,7 +181,7 @@ GgufVocab qwen_vocab(int64_t vocab_rows) {
         v.types[a["id"].get<size_t>()] = a["special"].get<bool>() ? 3 : 4;
     }
     for (size_t i = 0; i < v.tokens.size(); ++i)
-        if (v.tokens[i].empty()) v.tokens[i] = "[PAD" + std::to_string(i) + "]";
+        if (v.tokens[i].empty()) v.tokens[i] = std::string("[PAD") + std::to_string(i) + "]";
     for (auto& m : j["model"]["merges"])
         v.merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
     return v;
@@ -278,9 +278,9 @@ pipeline::Image generate(const nlohmann::json& c, const fs::path& dit, const fs:
                                                          std::to_string(getpid()) + ".png");
     std::string cmd = std::string(EASEL_BINARY) + " generate -t 1 --diffusion-model " + quote(dit.string()) + " --llm " +
                       quote(te.string()) + " --vae " + quote((kDir / "zimage_tiny_vae.safetensors").string()) + " -p " +
-                      quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + " -W " + std::to_string(c["width"].get<int>()) +
-                      " -H " + std::to_string(c["height"].get<int>()) + " --steps " + std::to_string(c["steps"].get<int>()) +
-                      " --cfg-scale " + c["cfg_scale"].dump() + " -s " + std::to_string(c["seed"].get<int64_t>()) +
+                      quote(c["prompt"]) + " -n " + quote(c["negative_prompt"]) + std::string(" -W ") + std::to_string(c["width"].get<int>()) +
+                      std::string(" -H ") + std::to_string(c["height"].get<int>()) + std::string(" --steps ") + std::to_string(c["steps"].get<int>()) +
+                      " --cfg-scale " + c["cfg_scale"].dump() + std::string(" -s ") + std::to_string(c["seed"].get<int64_t>()) +
                       " --sampling-method " + c["sampling_method"].get<std::string>() + " --scheduler " +
                       c["scheduler"].get<std::string>() + " --rng " + c["rng"].get<std::string>() + " --no-cache -o " +
                       quote(out.string()) + " > /dev/null 2>&1";
@@ -295,7 +295,7 @@ pipeline::Image generate(const nlohmann::json& c, const fs::path& dit, const fs:
 struct TempFiles {
     std::vector<fs::path> paths;
     fs::path add(const std::string& stem) {
-        paths.push_back(fs::path(testing::TempDir()) / (stem + "_" + std::to_string(getpid()) + ".gguf"));
+        paths.push_back(fs::path(testing::TempDir()) / (stem + std::string("_") + std::to_string(getpid()) + ".gguf"));
         return paths.back();
     }
     ~TempFiles() {
@@ -317,7 +317,7 @@ void run_all_cases(ggml_type quant, const char* tag, bool exact) {
             f16 += t.gtype == GGML_TYPE_F16;
         }
         EXPECT_GT(f32, 10) << "small tensors stay F32 as in ComfyUI-GGUF files";
-        if (quant == GGML_TYPE_F16) EXPECT_GT(f16, 10);
+        if (quant == GGML_TYPE_F16) { EXPECT_GT(f16, 10); }
         else EXPECT_GT(quantised, 10) << "no transformer weight was stored as " << ggml_type_name(quant);
     }
     const auto cj = cases_json();  // (a named copy: the range must outlive the loop)
@@ -419,7 +419,7 @@ TEST(ZImageTinyGguf, RefusesQwen3GgufOfAnotherWidth) {
     mat("token_embd.weight", 64, 8);
     vec("output_norm.weight", 8);
     for (int l = 0; l < 2; ++l) {
-        const std::string p = "blk." + std::to_string(l) + ".";
+        const std::string p = std::string("blk.") + std::to_string(l) + ".";
         vec(p + "attn_norm.weight", 8);
         vec(p + "ffn_norm.weight", 8);
         mat(p + "attn_q.weight", 16, 8);

@@ -268,7 +268,9 @@ TEST(ArtifactCache, KeysHashTheBuildIdentityFirst) {
     const std::string& id = easel::build_identity();
     EXPECT_EQ(id.rfind(std::string("easel ") + EASEL_VERSION + " ggml " + EASEL_GGML_COMMIT + " build ", 0), 0u) << id;
     std::string notes;
-    if (FILE* f = popen("readelf -n /proc/self/exe 2>/dev/null", "r")) {
+    // (/proc/self/exe inside popen would name the shell or readelf itself: this process by its pid)
+    const std::string cmd = "readelf -n /proc/" + std::to_string(::getpid()) + "/exe 2>/dev/null";
+    if (FILE* f = popen(cmd.c_str(), "r")) {
         char buf[4096];
         size_t k;
         while ((k = fread(buf, 1, sizeof buf, f)) > 0) notes.append(buf, k);

@@ -181,7 +181,7 @@ TEST(AutoFitRowSplit, FallsBackToLayerSplitWithAWarning) {
         EXPECT_NE(r.warnings[0].find("--split-mode row for diffusion"), std::string::npos) << r.warnings[0];
         EXPECT_NE(r.warnings[0].find(c.why), std::string::npos) << c.name << ": " << r.warnings[0];
         EXPECT_NE(r.warnings[0].find("auto-fit plans a layer split"), std::string::npos) << r.warnings[0];
-        if (std::string(c.name) == "does not fit") EXPECT_EQ(d.plan.devices[0].total(), (3584 + 64 + 2000) * MiB);
+        if (std::string(c.name) == "does not fit") { EXPECT_EQ(d.plan.devices[0].total(), (3584 + 64 + 2000) * MiB); }
     }
 }
 

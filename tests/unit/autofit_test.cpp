@@ -202,7 +202,7 @@ TEST(AutoFit, EightGbWithTwoGbMaxAllocation) {
     const FitChoice& dit = choice(r, PModule::Diffusion);
     EXPECT_EQ(dit.tier, Tier::HostStreamed);
     for (auto& s : dit.plan.segments)
-        if (s.per_eval) EXPECT_LE(s.param_bytes + (8 << 10), 2 * GiB);
+        if (s.per_eval) { EXPECT_LE(s.param_bytes + (8 << 10), 2 * GiB); }
     EXPECT_NE(r.flags.max_vram.find("Vulkan0="), std::string::npos);
     // the cap written in the flags reproduces the plan: the runtime planner under that budget
     std::vector<DeviceName> names{{"CPU", "cpu", false}, {"Vulkan0", "gpu", false}};
@@ -593,13 +593,15 @@ TEST(AutoFit, ModulesOfOneStageShareAPlacementAndTheirSumFits) {
     costs[0].module = costs[1].module = PModule::Te;
     EXPECT_NO_THROW(plan_modules(spec, costs, {{"CUDA0", GiB * 43 / 10}}));
     // planned alone each te module fits CUDA0 whole, together they do not: the stage check catches it
-    PlacementSpec both = parse_placement(PlacementFlags{.backend = "te=CUDA0,diffusion=CUDA0"}, {{"CPU", "cpu", false}, {"CUDA0", "gpu", false}});
+    PlacementFlags bf;
+    bf.backend = "te=CUDA0,diffusion=CUDA0";
+    PlacementSpec both = parse_placement(bf, {{"CPU", "cpu", false}, {"CUDA0", "gpu", false}});
     EXPECT_THROW(plan_modules(both, costs, {{"CUDA0", GiB * 43 / 10}}), Error);
 }
 
 // The measurement cache answers a repeated measurement from its file.
 TEST(AutoFit, MeasureCacheAnswersFromDisk) {
-    const auto dir = std::filesystem::temp_directory_path() / ("easel_autofit_cache_" + std::to_string(::getpid()));
+    const auto dir = std::filesystem::temp_directory_path() / (std::string("easel_autofit_cache_") + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);
     int calls = 0;
     auto measure = [&](int b, int e, bool, bool, const std::string&) -> uint64_t {

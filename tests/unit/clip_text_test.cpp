@@ -26,6 +26,16 @@ namespace clip = easel::models::clip;
 
 namespace {
 
+/// ClipOverrides with the given fields set (the others left to the file's config).
+clip::ClipOverrides overrides(int64_t heads, std::optional<int64_t> eos = std::nullopt, std::optional<int> layers = std::nullopt) {
+    clip::ClipOverrides o;
+    o.heads = heads;
+    o.eos_token_id = eos;
+    o.layers = layers;
+    return o;
+}
+
+
 std::string ref_path(const std::string& name) { return std::string(EASEL_TEST_DATA) + "/reference/" + name; }
 
 nlohmann::json sidecar(const std::string& c) {
@@ -87,7 +97,7 @@ std::map<std::string, std::vector<float>> run_clip(clip::ClipTextModel& m, const
         }
         for (size_t i = 0; i < e.hidden_states.size(); ++i) {
             t.push_back(e.hidden_states[i]);
-            names.push_back("hidden_states." + std::to_string(i));
+            names.push_back(std::string("hidden_states.") + std::to_string(i));
         }
         return t;
     });
@@ -160,7 +170,7 @@ TEST(ClipText, ConfigAndKeysFromWeights) {
     auto cdef = clip::infer_config(b.idx, kb[0]);
     EXPECT_EQ(cdef.heads, 1);
     EXPECT_EQ(cdef.act, clip::Activation::QuickGelu);  // transformers layout, width not 1024/1280
-    EXPECT_THROW(clip::infer_config(b.idx, kb[0], {.heads = 5}), Error);
+    EXPECT_THROW(clip::infer_config(b.idx, kb[0], overrides(5)), Error);
 }
 
 TEST(ClipText, PoolIndices) {
@@ -295,7 +305,10 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<std:
         data.resize(begin + sv.second.size() * 4);
         std::memcpy(data.data() + begin, sv.second.data(), sv.second.size() * 4);
         std::string shape;
-        for (size_t d = 0; d < sv.first.size(); ++d) shape += (d ? "," : "") + std::to_string(sv.first[d]);
+        for (size_t d = 0; d < sv.first.size(); ++d) {
+            if (d) shape += ",";
+            shape += std::to_string(sv.first[d]);
+        }
         header += fmt::format("{}\"{}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", i ? "," : "", name, shape, begin,
                               data.size());
     }
@@ -319,8 +332,8 @@ TEST(ClipText, OpenClipLayoutParity) {
     ts.push_back({P + "token_embedding.weight", {{1000, 32}, get("embeddings.token_embedding.weight")}});
     ts.push_back({P + "positional_embedding", {{77, 32}, get("embeddings.position_embedding.weight")}});
     for (int l = 0; l < 3; ++l) {
-        std::string hf = "encoder.layers." + std::to_string(l) + ".";
-        std::string oc = P + "transformer.resblocks." + std::to_string(l) + ".";
+        std::string hf = std::string("encoder.layers.") + std::to_string(l) + ".";
+        std::string oc = P + std::string("transformer.resblocks.") + std::to_string(l) + ".";
         std::vector<float> w, b;
         for (const char* x : {"q_proj", "k_proj", "v_proj"}) {
             auto wx = get(hf + "self_attn." + x + ".weight");
@@ -358,7 +371,7 @@ TEST(ClipText, OpenClipLayoutParity) {
     EXPECT_EQ(keys[0].layout, clip::ClipKeys::Layout::OpenClip);
     EXPECT_EQ(keys[0].prefix, P);
     // heads and the eos id are not in OpenCLIP weights: give the fixture's
-    auto cfg = clip::infer_config(idx, keys[0], {.heads = 4, .eos_token_id = 999});
+    auto cfg = clip::infer_config(idx, keys[0], overrides(4, 999));
     EXPECT_EQ(cfg.projection, 16);
     EXPECT_EQ(cfg.layers, 3);
     EXPECT_EQ(cfg.act, clip::Activation::Gelu);  // default for OpenCLIP widths != 768
@@ -375,7 +388,7 @@ TEST(ClipText, OpenClipLayoutParity) {
         }
     }
     // using only the first 2 layers (diffusers' SD2 text encoder drops the last): layer 2 is ignored, not unexpected
-    auto cfg2 = clip::infer_config(idx, keys[0], {.heads = 4, .layers = 2});
+    auto cfg2 = clip::infer_config(idx, keys[0], overrides(4, std::nullopt, 2));
     clip::ClipTextModel m3(cfg2);
     EXPECT_EQ(nn::check_binding(m3, clip::make_tensor_source(idx, keys[0], cfg2), clip::default_load_options(keys[0], cfg2, idx)), "");
     std::filesystem::remove(path);
@@ -434,7 +447,7 @@ void check_sd_tiny(const io::WeightIndex& idx, const clip::ClipOverrides& ov, co
                 sr += want_cond[i] * want_cond[i] + want_uncond[i] * want_uncond[i];
             }
             std::cout << "    relative rms err " << std::sqrt(se / sr) << "\n";
-            if (wt == GGML_TYPE_Q8_0) EXPECT_LT(std::sqrt(se / sr), 3e-2);  // measured 1.5e-2 (a wrong layout gives ~1)
+            if (wt == GGML_TYPE_Q8_0) { EXPECT_LT(std::sqrt(se / sr), 3e-2); }  // measured 1.5e-2 (a wrong layout gives ~1)
             else EXPECT_LT(e, wt == GGML_TYPE_F32 ? 1e-4f : 5e-3f);
         }
     }

@@ -107,7 +107,7 @@ TEST(Esrgan, InfersTheConfigOfEveryLayout) {
         EXPECT_EQ(cfg.num_block, c.blocks);
         EXPECT_EQ(cfg.layout == esrgan::EsrganConfig::Layout::EsrganOld, c.old);
         EXPECT_EQ(cfg.num_feat, 8);
-        if (c.arch == esrgan::Arch::RRDBNet) EXPECT_EQ(cfg.num_grow, 4);
+        if (c.arch == esrgan::Arch::RRDBNet) { EXPECT_EQ(cfg.num_grow, 4); }
     }
     auto wi = io::WeightIndex::open(kDir / "rrdb_x2_tiny.pth");
     EXPECT_EQ(esrgan::infer_config(wi, "x").describe(), "RRDBNet x2 (2 blocks, 8 features, grow 4, pixel unshuffle 2, BasicSR keys)");

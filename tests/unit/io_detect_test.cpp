@@ -179,7 +179,7 @@ TEST(IoDetect, LoraFormatsFromRealKeyLists) {
     for (auto& c : cases) {
         auto d = detect(lora_keys(c.file));
         EXPECT_EQ(d.family, "LoRA") << c.file;
-        if (*c.layout) EXPECT_EQ(d.layout, c.layout) << c.file;
+        if (*c.layout) { EXPECT_EQ(d.layout, c.layout) << c.file; }
         EXPECT_NE(d.variant.find(c.variant), std::string::npos) << c.file << ": " << d.variant;
     }
     // Text-encoder parts are split out with their bytes.

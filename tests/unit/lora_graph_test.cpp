@@ -123,10 +123,10 @@ TEST(LoraGraph, DoraScalesGiveTheSequentialMerge) {
         for (int k = 0; k < 3; ++k) {
             Term term;
             term.kind = Term::Kind::Dense;
-            term.delta = g.input_f32(("d" + std::to_string(k)).c_str(), {in, out}, ds[k]->data);
+            term.delta = g.input_f32((std::string("d") + std::to_string(k)).c_str(), {in, out}, ds[k]->data);
             term.scale = ms[k];
-            term.in_scale = vec(("i" + std::to_string(k)).c_str(), sc.in[(size_t)k]);
-            term.out_scale = vec(("o" + std::to_string(k)).c_str(), sc.out[(size_t)k]);
+            term.in_scale = vec((std::string("i") + std::to_string(k)).c_str(), sc.in[(size_t)k]);
+            term.out_scale = vec((std::string("o") + std::to_string(k)).c_str(), sc.out[(size_t)k]);
             t.terms.push_back(term);
         }
         return std::vector<ggml_tensor*>{patched_linear(g.ctx(), g.input_f32("x", {in, L}, x.data), g.input_f32("w", {in, out}, w.data), nullptr, t)};

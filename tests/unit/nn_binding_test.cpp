@@ -41,7 +41,7 @@ std::filesystem::path write_safetensors(const std::string& file, const std::vect
             }
         }
         std::string shape;
-        for (size_t d = 0; d < ts[i].shape.size(); ++d) shape += (d ? "," : "") + std::to_string(ts[i].shape[d]);
+        for (size_t d = 0; d < ts[i].shape.size(); ++d) shape += std::string(d ? "," : "") + std::to_string(ts[i].shape[d]);
         header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", i ? "," : "", ts[i].name,
                               ts[i].dtype, shape, begin, data.size());
     }

@@ -117,7 +117,7 @@ void expect_peaks_near_prediction(const models::Family& fam, const std::string& 
         EXPECT_GE(m, 0.9 * (double)p) << what << " on " << d;
         for (auto& pl : plans)
             for (auto& u : pl.devices)
-                if (u.device == d && u.budget) EXPECT_LE(m, (double)u.budget) << what << " on " << d;
+                if (u.device == d && u.budget) { EXPECT_LE(m, (double)u.budget) << what << " on " << d; }
     }
 }
 
@@ -189,7 +189,7 @@ TEST(PlacementFlux, CostsMatchTheLoadedParameters) {
         EXPECT_TRUE(dc.row_split != nullptr);
         EXPECT_TRUE(dc.row_split->why_not.empty()) << dc.row_split->why_not;
         for (size_t i = 0; i < costs.size(); ++i)
-            if (i != n_te) EXPECT_GT(costs[i].measure(0, (int)costs[i].block_bytes.size(), true, true, "CPU"), 0u) << fam_name(f);
+            if (i != n_te) { EXPECT_GT(costs[i].measure(0, (int)costs[i].block_bytes.size(), true, true, "CPU"), 0u) << fam_name(f); }
     }
 }
 

@@ -29,7 +29,9 @@ inline void expect_peaks_within_10_percent(const std::vector<placement::ModulePl
         EXPECT_GE(m, 0.9 * (double)p) << what << " on " << d << ": measured " << m << " predicted " << p;
         for (auto& pl : plans)
             for (auto& u : pl.devices)
-                if (u.device == d && u.budget) EXPECT_LE(m, (double)u.budget) << what << " on " << d;
+                if (u.device == d && u.budget) {
+                    EXPECT_LE(m, (double)u.budget) << what << " on " << d;
+                }
         if (print)
             std::printf("  %-52s %-24s measured %8.4f MiB, predicted %8.4f MiB\n", what.c_str(), d.c_str(), m / 1048576.0, (double)p / 1048576.0);
     }

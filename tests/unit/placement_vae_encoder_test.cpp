@@ -223,7 +223,7 @@ TEST(PlacementVaeEncoder, PlacedOverRpcDevicesIsBitwiseTheCpuEncoder) {
         expect_peaks_near_prediction({p}, enc.peaks(), c.name);
         if (!c.max_vram.empty())
             for (auto& [d, m] : enc.peaks())
-                if (d != "CPU") EXPECT_LE(m, cap) << c.name << " on " << d;
+                if (d != "CPU") { EXPECT_LE(m, cap) << c.name << " on " << d; }
     }
     // a cap below what one block needs beside two slots stops before anything is allocated
     vae::PlacedVaeEncoder tight(s, spec_of("vae=" + a, "vae=cpu", a + "=" + gib(need / 20)), 1, false);

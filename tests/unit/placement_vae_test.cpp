@@ -171,7 +171,7 @@ TEST(PlacementVae, SdDecoderPlacedIsBitwiseTheCpuDecode) {
         ASSERT_NE(p, nullptr) << c.name;
         EXPECT_GE(p->segments.size(), c.min_segments) << c.name;
         expect_peaks_near_prediction(*fam, c.name);
-        if (!c.max_vram.empty()) EXPECT_LE(fam->placement_peaks().at(a), need_tile4 * 9 / 10) << c.name;
+        if (!c.max_vram.empty()) { EXPECT_LE(fam->placement_peaks().at(a), need_tile4 * 9 / 10) << c.name; }
     }
 }
 

@@ -79,7 +79,7 @@ void write_safetensors(const std::filesystem::path& path,
         data.resize(begin + sv.second.size() * 4);
         std::memcpy(data.data() + begin, sv.second.data(), sv.second.size() * 4);
         std::string shape;
-        for (size_t d = 0; d < sv.first.size(); ++d) shape += (d ? "," : "") + std::to_string(sv.first[d]);
+        for (size_t d = 0; d < sv.first.size(); ++d) shape += std::string(d ? "," : "") + std::to_string(sv.first[d]);
         header += fmt::format("{}\"{}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", i ? "," : "", name, shape, begin,
                               data.size());
     }
@@ -133,7 +133,7 @@ std::filesystem::path write_gguf(const Ref& r, ggml_type wtype, const std::strin
         else ggml_quantize_chunk(type, v.data(), t->data, 0, shape[0], shape[1], nullptr);
         gguf_add_tensor(g, t);
     }
-    auto path = std::filesystem::temp_directory_path() / ("easel_qwen3_" + tag + "_" + std::to_string(::getpid()) + ".gguf");
+    auto path = std::filesystem::temp_directory_path() / ("easel_qwen3_" + tag + std::string("_") + std::to_string(::getpid()) + ".gguf");
     EXPECT_TRUE(gguf_write_to_file(g, path.string().c_str(), false));
     gguf_free(g);
     ggml_free(ctx);
@@ -174,7 +174,7 @@ TEST(Qwen3Text, TinyParityHiddenStatesAndKleinStack) {
             EXPECT_EQ(hs[(size_t)i].ne[0], 32);
             EXPECT_EQ(hs[(size_t)i].ne[1], 16);
             EXPECT_EQ(hs[(size_t)i].ne[2], 2);
-            const float e = max_abs_diff(hs[(size_t)i].data, r.out("hidden_states." + std::to_string(i)));
+            const float e = max_abs_diff(hs[(size_t)i].data, r.out(std::string("hidden_states.") + std::to_string(i)));
             std::cout << "[qwen3 tiny] flash=" << flash << " hidden_states." << i << " max abs err " << e << "\n";
             EXPECT_LT(e, 1e-4f) << "hidden_states." << i;
         }
@@ -189,7 +189,7 @@ TEST(Qwen3Text, TinyParityHiddenStatesAndKleinStack) {
         // FLUX.2 klein: stack of hidden_states 1, 2, 3 per token -> {96, L, B}
         auto k = te.run(r.ids, r.mask, r.B, r.L, std::vector<int>{1, 2, 3});
         for (int i = 0; i < 3; ++i)
-            EXPECT_LT(max_abs_diff(k[(size_t)i].data, r.out("hidden_states." + std::to_string(i + 1))), 1e-4f) << "klein input " << i;
+            EXPECT_LT(max_abs_diff(k[(size_t)i].data, r.out(std::string("hidden_states.") + std::to_string(i + 1))), 1e-4f) << "klein input " << i;
         auto st = q3::stack_hidden_states(k);
         EXPECT_EQ(st.ne[0], 96);
         const float ek = max_abs_diff(st.data, r.out("klein_prompt_embeds_layers_1_2_3"));
@@ -250,7 +250,7 @@ TEST(Qwen3Text, ForCausalLMLayoutWithModelPrefix) {
     auto ts = model_weights(r);
     for (auto& t : ts) t.first = "model." + t.first;
     ts.push_back({"lm_head.weight", ts.front().second});
-    auto path = std::filesystem::temp_directory_path() / ("easel_qwen3_causallm_" + std::to_string(::getpid()) + ".safetensors");
+    auto path = std::filesystem::temp_directory_path() / (std::string("easel_qwen3_causallm_") + std::to_string(::getpid()) + ".safetensors");
     write_safetensors(path, ts);
     q3::Qwen3RunOptions opt;
     opt.threads = 2;

@@ -295,8 +295,8 @@ TEST(RowSplit, UnetRulesSplitTransformerBlocksOnly) {
         if (rule.role == RowRole::Column) ++col;
         if (rule.role == RowRole::Row) ++row;
         EXPECT_NE(n.find("transformer_blocks"), std::string::npos) << n;  // resnets, convs, proj_in/out stay mirrored
-        if (n.find("ff.net.0.proj") != std::string::npos) EXPECT_EQ(rule.segments, 2) << n;
-        if (n.find("attn") != std::string::npos && rule.role != RowRole::Mirror) EXPECT_GT(rule.granule, 1) << n;
+        if (n.find("ff.net.0.proj") != std::string::npos) { EXPECT_EQ(rule.segments, 2) << n; }
+        if (n.find("attn") != std::string::npos && rule.role != RowRole::Mirror) { EXPECT_GT(rule.granule, 1) << n; }
     }
     EXPECT_GT(col, 0u);
     EXPECT_GT(row, 0u);

@@ -589,8 +589,11 @@ TEST(SamplingNames, A1111AndComfyNamesResolve) {
     for (const auto& row : sampler_name_table()) {
         if (!row.sampler) continue;
         EXPECT_EQ(resolve_sampler_name(row.label).sampler, *row.sampler) << row.label;
-        for (auto a : row.aliases)
-            if (!a.empty()) EXPECT_EQ(resolve_sampler_name(a).sampler, *row.sampler) << a;
+        for (auto a : row.aliases) {
+            if (!a.empty()) {
+                EXPECT_EQ(resolve_sampler_name(a).sampler, *row.sampler) << a;
+            }
+        }
     }
     // schedulers
     EXPECT_EQ(resolve_scheduler_name("Karras"), SchedulerKind::Karras);

@@ -38,7 +38,7 @@ void expect_refused(F&& f, int status, const std::string& field) {
     } catch (const ApiError& e) {
         EXPECT_EQ(e.status(), status) << e.what();
         EXPECT_EQ(e.field(), field) << e.what();
-        if (!field.empty()) EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+        if (!field.empty()) { EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what(); }
     }
 }
 
@@ -73,8 +73,11 @@ TEST(ServerSamplers, A1111NamesAliasesAndSchedules) {
     EXPECT_EQ(lookup_a1111_sampler("k_euler_ancestral").value_or(""), "euler_a");
     EXPECT_EQ(lookup_a1111_sampler("DPM++ 2M").value_or(""), "dpm++2m");
     EXPECT_EQ(lookup_a1111_sampler("dpm++2s_a").value_or(""), "dpm++2s_a");
-    EXPECT_EQ(lookup_a1111_sampler("DDIM").value_or(""), "ddim_trailing");
-    EXPECT_FALSE(lookup_a1111_sampler("UniPC"));
+    EXPECT_EQ(lookup_a1111_sampler("DDIM").value_or(""), "ddim");
+    EXPECT_EQ(lookup_a1111_sampler("UniPC").value_or(""), "uni_pc");  // the sampling layer's one table
+    EXPECT_FALSE(lookup_a1111_sampler("Nonsense Sampler"));
+    // A1111's automatic schedule of DPM++ 2M is Karras (sd_samplers_kdiffusion.py)
+    EXPECT_EQ(map_sampler("DPM++ 2M", "", "sampler_name", "scheduler").scheduler, "karras");
     auto c = map_sampler("DPM++ 2M Karras", "", "sampler_name", "scheduler");
     EXPECT_EQ(c.method, "dpm++2m");
     EXPECT_EQ(c.scheduler, "karras");
@@ -86,8 +89,9 @@ TEST(ServerSamplers, A1111NamesAliasesAndSchedules) {
     EXPECT_EQ(c.scheduler, "");
     c = map_sampler("Euler a", "normal", "sampler_name", "scheduler");
     EXPECT_EQ(c.scheduler, "discrete");
-    expect_refused([] { map_sampler("UniPC", "", "sampler_name", "scheduler"); }, 400, "sampler_name");
-    expect_refused([] { map_sampler("Euler", "align_your_steps", "sampler_name", "scheduler"); }, 400, "scheduler");
+    expect_refused([] { map_sampler("Nonsense Sampler", "", "sampler_name", "scheduler"); }, 400, "sampler_name");
+    expect_refused([] { map_sampler("Euler", "no_such_schedule", "sampler_name", "scheduler"); }, 400, "scheduler");
+    EXPECT_EQ(map_sampler("Euler", "align_your_steps", "sampler_name", "scheduler").scheduler, "ays");
     expect_refused([] { map_sampler("DPM++ 2M Karras", "exponential", "sampler_name", "scheduler"); }, 400, "scheduler");
     // every listed sampler maps to itself and runs
     for (const auto& e : sampler_entries()) EXPECT_EQ(map_sampler(e.name, "", "s", "t").method, e.method);

@@ -177,6 +177,7 @@ inline std::vector<uint8_t> torch_save(const std::vector<TorchTensor>& ts, const
     using namespace torch_writer_detail;
     const auto pkl = object_pickle(ts, wrapper, legacy, scalars);
     std::vector<uint8_t> out;
+    out.reserve(pkl.size() + 4096);  // (also keeps GCC 12's -Warray-bounds false positive on the inserts below quiet)
     if (legacy) {
         const uint8_t magic[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, 0x2e};
         out.assign(magic, magic + sizeof(magic));
@@ -209,7 +210,7 @@ inline std::vector<uint8_t> torch_save(const std::vector<TorchTensor>& ts, const
     std::vector<std::pair<std::string, std::vector<uint8_t>>> entries;
     entries.push_back({"archive/data.pkl", pkl});
     entries.push_back({"archive/byteorder", {'l', 'i', 't', 't', 'l', 'e'}});
-    for (size_t i = 0; i < ts.size(); ++i) entries.push_back({"archive/data/" + std::to_string(i), ts[i].bytes});
+    for (size_t i = 0; i < ts.size(); ++i) entries.push_back({std::string("archive/data/") + std::to_string(i), ts[i].bytes});
     entries.push_back({"archive/version", {'3', '\n'}});
     std::vector<uint8_t> central;
     for (auto& [name, data] : entries) {

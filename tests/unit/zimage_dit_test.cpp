@@ -36,6 +36,15 @@ namespace zi = easel::models::zimage;
 
 namespace {
 
+/// Load options with the given threads and --type (the rest as their defaults).
+zi::ZImageLoadOptions load_opts(int threads, ggml_type weight_type = GGML_TYPE_COUNT) {
+    zi::ZImageLoadOptions o;
+    o.threads = threads;
+    o.weight_type = weight_type;
+    return o;
+}
+
+
 const std::string kCase = std::string(EASEL_TEST_DATA) + "/reference/zimage_transformer_tiny.safetensors";
 
 struct T {
@@ -53,7 +62,7 @@ void write_safetensors(const std::filesystem::path& path, const Tensors& ts) {
         data.resize(begin + t.v.size() * 4);
         std::memcpy(data.data() + begin, t.v.data(), t.v.size() * 4);
         std::string shape;
-        for (size_t d = 0; d < t.shape.size(); ++d) shape += (d ? "," : "") + std::to_string(t.shape[d]);
+        for (size_t d = 0; d < t.shape.size(); ++d) shape += std::string(d ? "," : "") + std::to_string(t.shape[d]);
         header += fmt::format("{}\"{}\":{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", i ? "," : "", name, shape, begin,
                               data.size());
     }
@@ -119,9 +128,9 @@ std::vector<Sample> fixture_samples(const io::WeightIndex& ref) {
     std::vector<Sample> s(2);
     auto tv = ref.read_f32(*ref.find("__input__.t"));
     for (int i = 0; i < 2; ++i) {
-        const io::TensorInfo* x = ref.find("__input__.x." + std::to_string(i));
-        const io::TensorInfo* c = ref.find("__input__.cap_feats." + std::to_string(i));
-        const io::TensorInfo* o = ref.find("__output__.sample." + std::to_string(i));
+        const io::TensorInfo* x = ref.find(std::string("__input__.x.") + std::to_string(i));
+        const io::TensorInfo* c = ref.find(std::string("__input__.cap_feats.") + std::to_string(i));
+        const io::TensorInfo* o = ref.find(std::string("__output__.sample.") + std::to_string(i));
         EXPECT_TRUE(x && c && o);
         EXPECT_EQ(x->shape, (std::vector<int64_t>{16, 1, 8, 8}));  // [C, F, H, W], F = 1
         s[i].x = ref.read_f32(*x);
@@ -323,7 +332,7 @@ TEST(ZImageDiT, BadInputIsRefusedBeforeTheGraph) {
     auto path = temp_file("bad");
     write_safetensors(path, fixture_weights(ref));
     auto idx = io::WeightIndex::open(path);
-    auto m = zi::LoadedZImageDiT::load(idx, {.threads = 2});
+    auto m = zi::LoadedZImageDiT::load(idx, load_opts(2));
     std::vector<float> x(16 * 8 * 8), cap(7 * 32), out(x.size());
     EXPECT_THROW(m->forward(x.data(), 7, 8, 0.5f, cap.data(), 7, out.data()), Error);  // H not a multiple of 2
     EXPECT_THROW(m->forward(x.data(), 8, 8, 0.5f, cap.data(), 0, out.data()), Error);  // no caption
@@ -438,8 +447,8 @@ TEST(ZImageDiT, OriginalLayoutQ8GgufMatchesQ8Conversion) {
     auto keys = zi::find_zimage_dit(gidx);
     ASSERT_TRUE(keys.has_value());
     EXPECT_EQ(keys->layout, zi::ZImageKeys::Layout::Original);
-    auto mg = zi::LoadedZImageDiT::load(gidx, {.threads = 2});
-    auto mf = zi::LoadedZImageDiT::load(fidx, {.threads = 2, .weight_type = GGML_TYPE_Q8_0});
+    auto mg = zi::LoadedZImageDiT::load(gidx, load_opts(2));
+    auto mf = zi::LoadedZImageDiT::load(fidx, load_opts(2, GGML_TYPE_Q8_0));
     for (size_t i = 0; i < samples.size(); ++i) {
         const Sample& s = samples[i];
         std::vector<float> og(s.x.size()), of(s.x.size());

@@ -75,6 +75,7 @@ def load_kdiffusion(root):
     pkg.utils = utils
     sys.modules["k_diffusion"] = pkg
     sys.modules["k_diffusion.utils"] = utils
+    stubs = []
     for name in ("torchsde", "torchdiffeq"):
         try:
             __import__(name)
@@ -83,6 +84,7 @@ def load_kdiffusion(root):
             m.BrownianTree = None
             m.odeint = None
             sys.modules[name] = m
+            stubs.append(name)
     try:
         import tqdm.auto  # noqa: F401
     except ImportError:
@@ -95,6 +97,8 @@ def load_kdiffusion(root):
     mod = importlib.util.module_from_spec(spec)
     sys.modules["k_diffusion.sampling"] = mod
     spec.loader.exec_module(mod)
+    for name in stubs:  # gone again: diffusers' package probes (importlib find_spec) must not see them
+        del sys.modules[name]
     return mod
 
 

@@ -66,7 +66,7 @@ struct PlacedUpscaler::Model : UpscalerModel {
 };
 
 PlacedUpscaler::PlacedUpscaler(const io::WeightIndex& index, const std::string& label, PlacementSpec spec, int threads)
-    : model_(std::make_unique<Model>(index, label)), spec_(std::move(spec)), threads_(threads) {
+    : model_(std::make_unique<Model>(index, label)), spec_(std::move(spec)) {
     ModulePlacement& m = spec_[PModule::Upscaler];
     if (m.devices.empty()) fail(ErrorKind::Internal, "placement spec without an upscaler device");
     placed_ = std::make_unique<PlacedSequence<EsrganInputs, EsrganState, ggml_tensor*>>(*model_->net, *model_->net, *model_->src,

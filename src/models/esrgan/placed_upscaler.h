@@ -75,7 +75,6 @@ private:
     std::unique_ptr<Model> model_;
     std::unique_ptr<runtime::PlacedSequence<EsrganInputs, EsrganState, ggml_tensor*>> placed_;
     placement::PlacementSpec spec_;
-    int threads_;
 };
 
 }  // namespace easel::esrgan

@@ -358,14 +358,14 @@ void StableDiffusion::add_modules() {
         k->cfg = te_config_for_skip(base, skip);
         k->net = std::make_unique<clip::ClipTextModel>(k->cfg);
         k->src = std::make_unique<nn::TensorSource>(clip::make_tensor_source(ti, k->keys, k->cfg));
-        const int64_t L = text::ClipTokenizer::kMaxLength;
+        constexpr int64_t L = text::ClipTokenizer::kMaxLength;
         k->ids.assign((size_t)L, 0);
         nn::LoadOptions tlo = clip::default_load_options(k->keys, k->cfg, ti);
         tlo.weight_type = weight_type_;
         Keep* kp = k.get();
         out.push_back(runtime::self_contained_costs<clip::ClipInputs, clip::ClipState, clip::ClipOutputs>(
             placement::PModule::Te, k, *k->net, *k->net, *k->src, tlo, opt_.threads, opt_.flash_attn_te,
-            [kp, L](runtime::GraphBuilder& g) {
+            [kp](runtime::GraphBuilder& g) {
                 clip::ClipInputs in;
                 in.ids = g.input_i32("ids", {L, 1}, kp->ids);
                 return in;

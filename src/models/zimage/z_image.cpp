@@ -290,7 +290,7 @@ void ZImage::add_modules() {
     th.costs = [this](int64_t, int64_t) {  // Qwen3 without its last layer, 512 tokens (none when no --llm / folder te)
         std::vector<placement::ModuleCosts> out;
         if (te_src_.empty()) return out;
-        const int64_t L = kMaxPromptTokens;
+        constexpr int64_t L = kMaxPromptTokens;
         struct Keep {
             std::unique_ptr<io::WeightIndex> own;
             std::unique_ptr<TeModel> model;
@@ -307,7 +307,7 @@ void ZImage::add_modules() {
         TeModel& tm = *k->model;
         out.push_back(runtime::self_contained_costs<qwen3::Qwen3Inputs, qwen3::Qwen3State, ggml_tensor*>(
             placement::PModule::Te, k, *tm.net, *tm.seq, *tm.src, tm.lo, opt_.threads, opt_.flash_attn_te,
-            [kp, L](runtime::GraphBuilder& g) {
+            [kp](runtime::GraphBuilder& g) {
                 qwen3::Qwen3Inputs in;
                 in.ids = g.input_i32("ids", {L, 1}, kp->ids);
                 in.pos = g.input_i32("pos", {L}, kp->pos);
