@@ -10,8 +10,10 @@
 #     (build-sanitize/), the unit tests and the bad-input command tests under the sanitizers;
 #  5. scripts/fuzz.sh --ci: every fuzz target replays its regression set, then runs for a bounded
 #     time from its seed corpus.
-# Extra arguments go to the first ctest (e.g. -R Stages) and skip steps 2, 4 and 5; EASEL_SKIP_SANITIZE=1
-# skips them too. Prints each step's wall time.
+#  Steps 4-5 run when EASEL_TEST_SANITIZE=1: the clang build has not yet been seen to complete and
+#  pass on the project's machines (its clang-14-only warnings were being fixed when this was
+#  written), so CI leaves them out until it has (docs/build.md "Sanitizers").
+# Extra arguments go to the first ctest (e.g. -R Stages) and skip steps 2, 4 and 5. Prints each step's wall time.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -33,7 +35,7 @@ fi
 junit="$root/$build/ctest-junit.xml"
 step tests ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-junit "$junit" "$@"
 python3 scripts/check_skips.py "$junit" || rc=1
-if [ $# -eq 0 ] && [ "${EASEL_SKIP_SANITIZE:-0}" != "1" ]; then
+if [ $# -eq 0 ] && [ "${EASEL_TEST_SANITIZE:-0}" = "1" ]; then
   step "sanitizer build and tests" scripts/sanitize.sh
   step fuzz scripts/fuzz.sh --ci
 fi
