@@ -48,7 +48,9 @@ EASEL_COMMAND(
             }
             // `easel generate` alone: refused rather than a 512x512 job on an empty prompt that
             // overwrites output.png (sd-cli likewise stops without a model)
-            if (sub.count_all() == sub.count("--verbose") + sub.count("--color") + sub.count("--rpc-servers"))
+            // (nothing that says what to draw or with what: no prompt, prompt file, model or image)
+            if (p->prompt.empty() && p->prompt_file.empty() && p->model.empty() && p->diffusion_model.empty() && p->init_img.empty() &&
+                p->load_embeddings.empty() && p->load_latent.empty())
                 fail(ErrorKind::InvalidInput, "easel generate: nothing to do: pass -p PROMPT (and -m MODEL; without it the bundled demo model "
                                               "draws), see `easel generate --help`");
             // flags left out take the model file's recommended settings (easel.* metadata), else the

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     std::signal(SIGPIPE, SIG_IGN);
 #endif
 
-    CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, FLUX.1, FLUX.2 Klein, Z-Image; SDXL is detected but not run yet) on ggml", "easel"};
+    CLI::App app{"easel: image generation with diffusion models (SD1.x/2.x, SDXL, FLUX.1, FLUX.2 Klein, Z-Image) on ggml", "easel"};
     app.set_version_flag("--version", std::string("easel ") + EASEL_VERSION + " (ggml " + EASEL_GGML_SOURCE + " " +
                                           std::string(EASEL_GGML_COMMIT).substr(0, 12) + ")");
     app.require_subcommand(0, 1);

@@ -75,7 +75,7 @@ public:
 protected:
     /// What set_loras maps LoRAs onto.
     struct LoraTargets {
-        lora::KeyMap km;      ///< the diffusion model and each text encoder as components (lora/targets.h)
+        lora::KeyMap km;      ///< the diffusion model and each text encoder as components (models/lora_targets.h)
         lora::ModelInfo info; ///< the model, for lora::check_fit's messages
         /// Per component name ("unet", "dit", "clip_l", ...): the TensorSource its module loads
         /// with, which says where each patched weight is stored.

@@ -88,7 +88,8 @@ PromptConditioning encode_prompts(models::Family& fam, const std::string& prompt
     r.clip_skip = clip_skip > 0 ? clip_skip : fam.defaults().clip_skip;
     text::PromptTags tags = text::extract_extra_networks(prompt);
     if (!tags.loras.empty())
-        log::warn("LoRA tags in the prompt are not applied yet (LoRA support is a later feature): {} ignored", tags.loras.size());
+        log::debug("{} LoRA tag(s) stripped from the text the encoder sees (the LoRAs themselves are applied to the model, "
+                   "pipeline/generate.cpp apply_loras)", tags.loras.size());
     text::PromptTags ntags = text::extract_extra_networks(negative_prompt);
     const double t0 = now_s();
     fam.load(models::Module::Te);

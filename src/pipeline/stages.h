@@ -44,7 +44,7 @@ struct PromptConditioning {
 };
 
 /// Encodes prompt and (when need_negative) negative prompt with the family's text encoders.
-/// LoRA tags are removed from both first (with a warning: not applied yet). clip_skip <= 0: the
+/// LoRA tags are removed from both first (the LoRAs are applied to the model by the caller). clip_skip <= 0: the
 /// family default.
 PromptConditioning encode_prompts(models::Family& fam, const std::string& prompt, const std::string& negative_prompt,
                                   int clip_skip, bool need_negative);

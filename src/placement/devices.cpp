@@ -47,6 +47,20 @@ void add_rpc_servers(const std::string& list) {
     fail(ErrorKind::Unsupported, "--rpc-servers: this easel was built without RPC support (configure with -DEASEL_RPC=ON)");
 #else
     size_t start = 0;
+    {  // each server is one device, named once: a repeat is refused before any server is contacted
+        std::set<std::string> seen;
+        size_t at = 0;
+        while (at <= list.size()) {
+            size_t comma = list.find(',', at);
+            std::string ep = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+            at = comma == std::string::npos ? list.size() + 1 : comma + 1;
+            ep.erase(0, ep.find_first_not_of(" \t"));
+            ep.erase(ep.find_last_not_of(" \t") + 1);
+            if (!ep.empty() && !seen.insert(ep).second)
+                fail(ErrorKind::InvalidInput,
+                     "--rpc-servers: {} is listed twice; each server is one device (RPC0, RPC1, ... in list order): name each server once", ep);
+        }
+    }
     std::set<std::string> listed;  // within this list: each server is one device, named once
     while (start <= list.size()) {
         size_t comma = list.find(',', start);

@@ -1,5 +1,7 @@
 #include "server/samplers.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/strings.h"
 #include "sampling/names.h"
@@ -38,7 +40,7 @@ const std::vector<SamplerEntry>& sampler_entries() {
             for (auto a : row.aliases)
                 if (!a.empty()) e.aliases.emplace_back(a);
             e.method = sampling::sampler_name(*row.sampler);
-            e.aliases.push_back(e.method);
+            if (std::find(e.aliases.begin(), e.aliases.end(), e.method) == e.aliases.end()) e.aliases.push_back(e.method);
             v.push_back(std::move(e));
         }
         return v;

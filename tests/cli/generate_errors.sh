@@ -26,7 +26,7 @@ expect_error() {
 }
 
 printf 'not an image' > "$tmp/bad.png"
-expect_error "VAE passed as -m" "no SD1.x/SD2.x UNet" -m "$data/reference/autoencoder_kl_sd_tiny.safetensors" -p x --steps 1
+expect_error "VAE passed as -m" "not a diffusion model easel runs (no SD1.x/SD2.x/SDXL UNet)" -m "$data/reference/autoencoder_kl_sd_tiny.safetensors" -p x --steps 1
 expect_error "missing model file" "no such file" -m "$tmp/nope.safetensors" -p x --steps 1
 expect_error "malformed model file" "gguf_absurd_dims.gguf': GGUF tensor 0 has a shape whose element count overflows 64 bits" -m "$data/malformed/gguf_absurd_dims.gguf" -p x --steps 1
 expect_error "unreadable init image" "bad.png" -m "$sd/sd_tiny.safetensors" -p x --steps 1 -i "$tmp/bad.png"

@@ -53,6 +53,12 @@ check "--hires-width 96: the height from the aspect ratio ($(png_size "$tmp/l.pn
 grep -aq "Hires resize: 96x0, Hires upscaler: Latent (bicubic)" "$tmp/l.png"
 check "Hires resize field" $? ""
 
+# both sides given: A1111's cover-then-centre-crop to exactly that size
+"$easel" "${gen[@]}" --hires --hires-upscaler "latent (bicubic)" --hires-width 128 --hires-height 96 -o "$tmp/wh.png" > "$tmp/log" 2>&1
+check "--hires-width 128 --hires-height 96" $? "$(cat "$tmp/log")"
+[ "$(png_size "$tmp/wh.png")" = "128x96" ]
+check "--hires-width 128 --hires-height 96 gives 128x96 ($(png_size "$tmp/wh.png"))" $? ""
+
 "$easel" "${gen[@]}" --hires --hires-upscaler None -o "$tmp/n.png" > "$tmp/log" 2>&1
 check "--hires-upscaler None: no hires fix (sd-cli)" $? "$(cat "$tmp/log")"
 [ "$(png_size "$tmp/n.png")" = "64x64" ]

@@ -29,8 +29,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
         {"sampling", {"core"}},
         {"placement", {"nn", "io", "core"}},
         {"runtime", {"placement", "nn", "io", "core"}},
-        {"models", {"runtime", "placement", "sampling", "text", "nn", "io", "core"}},
-        {"lora", {"models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
+        {"lora", {"text", "nn", "io", "core"}},
+        {"models", {"lora", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
         {"pipeline", {"lora", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
         {"server", {"pipeline", "lora", "models", "runtime", "placement", "sampling", "text", "nn", "io", "core"}},
     };

@@ -1,4 +1,4 @@
-// LoRA keys -> model weights (lora/key_map.h, lora/targets.h, lora/mapping.h) on full-size module
+// LoRA keys -> model weights (lora/key_map.h, models/lora_targets.h, lora/mapping.h) on full-size module
 // trees built from configs (no weights): every key of every real key list of
 // tests/data/io/lora-keys (InvokeAI's, see its SOURCE.md) that targets FLUX.1 maps onto FLUX.1
 // dev + CLIP-L + T5-XXL; synthetic lists in the real naming schemes do the same for Z-Image (the
@@ -7,7 +7,7 @@
 // PEFT, the old attention-processor names); LoRAs for another family or size and the lists for
 // families easel does not run are refused naming what they target; cloneofsimo files are refused.
 #include "lora/mapping.h"
-#include "lora/targets.h"
+#include "models/lora_targets.h"
 
 #include "core/error.h"
 #include "lora_test_support.h"

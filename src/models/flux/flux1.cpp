@@ -5,7 +5,7 @@
 #include "core/platform.h"
 #include "core/log.h"
 #include "io/diffusers.h"
-#include "lora/targets.h"
+#include "models/lora_targets.h"
 #include "models/flux/flux_common.h"
 #include "models/flux/flux_row_split.h"
 #include "models/model_files.h"

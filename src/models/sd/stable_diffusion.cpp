@@ -4,7 +4,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
-#include "lora/targets.h"
+#include "models/lora_targets.h"
 #include "models/model_files.h"
 #include "runtime/placed_sequence.h"
 #include "text/prompt_syntax.h"

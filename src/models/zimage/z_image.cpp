@@ -5,7 +5,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "io/diffusers.h"
-#include "lora/targets.h"
+#include "models/lora_targets.h"
 #include "models/model_files.h"
 #include "models/qwen3/qwen3_row_split.h"
 #include "models/zimage/z_image_row_split.h"

@@ -1,6 +1,6 @@
 // LoRA targets per module (see targets.h): the modules' own key maps (the TensorSources their
 // loaders use for the other layouts) give the aliases, so a layout is described once.
-#include "lora/targets.h"
+#include "models/lora_targets.h"
 
 #include "models/t5/t5_encoder.h"
 
