@@ -287,6 +287,8 @@ struct Options {
     std::string tmp_dir;
     uint64_t seed = 1;
     bool flash = false;
+    int batch = 1;             ///< UNet batch (2 = a CFG pair in one evaluation, as diffusers runs it)
+    std::string unet_weights;  ///< made-up UNet file to write and keep (or reuse when present)
 };
 
 /// Runs `once` (which returns its output) o.warmup untimed + o.reps timed times; returns the
@@ -341,15 +343,25 @@ json bench_unet(const Options& o, runtime::GraphRunner& run) {
     using namespace models::sd;
     const int64_t lat = o.size / 8;
     auto t_write = Clock::now();
-    TempFile tmp{temp_path(o, "unet")};
-    int64_t count;
+    TempFile tmp;
+    const fs::path wpath = o.unet_weights.empty() ? temp_path(o, "unet") : fs::path(o.unet_weights);
+    if (o.unet_weights.empty()) tmp.path = wpath;
+    int64_t count = 0;
     {
         UNet2DCondition shape_only(sd15_unet_config());
-        count = write_made_up_safetensors(tmp.path, tensors_of(shape_only, ""), o.seed);
+        if (o.unet_weights.empty() || !fs::exists(wpath)) {
+            count = write_made_up_safetensors(wpath, tensors_of(shape_only, ""), o.seed);
+        } else {
+            for (const auto& t : tensors_of(shape_only, "")) {
+                int64_t n = 1;
+                for (int64_t d : t.shape) n *= d;
+                count += n;
+            }
+        }
     }
     const double write_s = seconds_since(t_write);
     auto t_load = Clock::now();
-    io::WeightIndex idx = io::WeightIndex::open(tmp.path);
+    io::WeightIndex idx = io::WeightIndex::open(wpath);
     nn::LoadOptions lo;
     lo.weight_type = o.type == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
     LoadedUNet u = load_unet(idx, run.buffer_type(), {}, lo);
@@ -357,15 +369,16 @@ json bench_unet(const Options& o, runtime::GraphRunner& run) {
     fmt::print("  unet: {} ({} parameters); made-up weights written in {:.1f} s, loaded in {:.1f} s\n",
                u.net->config().summary(), count, write_s, load_s);
 
-    const auto sample = normal_values((size_t)(lat * lat * 4), o.seed + 1);
-    const auto context = normal_values((size_t)(768 * 77), o.seed + 2);
-    const std::vector<float> t{981.0f};
+    const int64_t B = o.batch;
+    const auto sample = normal_values((size_t)(lat * lat * 4 * B), o.seed + 1);
+    const auto context = normal_values((size_t)(768 * 77 * B), o.seed + 2);
+    const std::vector<float> t((size_t)B, 981.0f);
     json r = time_runs(o, run, [&] {
         return run.run([&](runtime::GraphBuilder& g) {
             UNetInputs in;
-            in.sample = g.input_f32("sample", {lat, lat, 4, 1}, sample);
-            in.timestep = g.input_f32("timestep", {1}, t);
-            in.context = g.input_f32("context", {768, 77, 1}, context);
+            in.sample = g.input_f32("sample", {lat, lat, 4, B}, sample);
+            in.timestep = g.input_f32("timestep", {B}, t);
+            in.context = g.input_f32("context", {768, 77, B}, context);
             nn::Ctx c{g.ctx(), o.flash, g.backend()};
             return std::vector<ggml_tensor*>{u.net->forward(c, in)};
         })[0];
@@ -374,7 +387,9 @@ json bench_unet(const Options& o, runtime::GraphRunner& run) {
     r["type"] = o.type;
     r["param_bytes"] = u.params.size();
     r["param_count"] = count;
-    r["input"] = fmt::format("latent {}x{}x4, batch 1, context 77x768, timestep 981", lat, lat);
+    r["input"] = fmt::format("latent {}x{}x4, batch {}, context 77x768, timestep 981", lat, lat, B);
+    r["batch"] = B;
+    r["flash_attn"] = o.flash;
     r["write_s"] = write_s;
     r["load_s"] = load_s;
     return r;
@@ -595,6 +610,8 @@ int main_impl(int argc, char** argv) {
     app.add_option("--tmp-dir", o.tmp_dir, "folder for the temporary made-up weight files (default: the system temp folder)");
     app.add_option("--seed", o.seed, "seed of the made-up weights and inputs (default 1)");
     app.add_flag("--fa", o.flash, "use flash attention where the backend supports it");
+    app.add_option("--batch", o.batch, "UNet batch (default 1; 2 = a CFG pair evaluated at once)")->check(CLI::Range(1, 16));
+    app.add_option("--unet-weights", o.unet_weights, "made-up UNet file: written when absent and then kept, so diffusers can load the same weights (bench/compare/sd15_unet_diffusers.py)");
     CLI11_PARSE(app, argc, argv);
     if (o.size % 64 != 0) fail(ErrorKind::InvalidInput, "--size {} must be a multiple of 64 (latent side divisible by the UNet's 8)", o.size);
 

@@ -17,7 +17,7 @@
 #include "io/weight_index.h"
 #include "models/esrgan/esrgan.h"
 #include "placement/devices.h"
-#include "placement/upscaler.h"
+#include "models/esrgan/placed_upscaler.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
             write_safetensors(tf.path, w);
             auto index = io::WeightIndex::open(tf.path);
             for (int tile : tiles) {
-                placement::PlacedUpscaler up(index, tf.path.string(), spec, threads);
+                esrgan::PlacedUpscaler up(index, tf.path.string(), spec, threads);
                 std::vector<double> warm, times;
                 int ntiles = 0;
                 vae::HostTensor y;

@@ -68,6 +68,9 @@ else()
   set(GGML_NATIVE ${EASEL_NATIVE} CACHE BOOL "" FORCE)
   set(GGML_RPC ${EASEL_RPC} CACHE BOOL "" FORCE)
   set(GGML_CUDA ${EASEL_CUDA} CACHE BOOL "" FORCE)
+  # CUDA graphs: measured 4-6 % faster on the SD1.5 UNet at 512, neutral on the 1024 Z-Image DiT
+  # (bench/results/README.md, 2026-12-02); GGML_CUDA_DISABLE_GRAPHS=1 turns them off at run time
+  set(GGML_CUDA_GRAPHS ${EASEL_CUDA} CACHE BOOL "" FORCE)
   set(GGML_VULKAN ${EASEL_VULKAN} CACHE BOOL "" FORCE)
   set(GGML_OPENMP ON CACHE BOOL "" FORCE)
   set(GGML_LLAMAFILE ON CACHE BOOL "" FORCE)

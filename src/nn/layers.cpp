@@ -196,10 +196,22 @@ ggml_tensor* attention(Ctx& c, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, i
             if (m->type != GGML_TYPE_F16) m = ggml_cast(ctx, m, GGML_TYPE_F16);
             else if (!ggml_is_contiguous(m)) m = ggml_cont(ctx, m);
         }
-        ggml_tensor* o = ggml_flash_attn_ext(ctx, qh, kh, vh, m, scale, 0.0f, 0.0f);  // {D, H, Lq, N}
-        ggml_prec_set_acc(o, GGML_PREC_F32);
-        // an unsupported node is left unused (not part of the graph); the plain path follows
+        auto fa = [&](ggml_tensor* kk, ggml_tensor* vv) {
+            ggml_tensor* o = ggml_flash_attn_ext(ctx, qh, kk, vv, m, scale, 0.0f, 0.0f);  // {D, H, Lq, N}
+            ggml_prec_set_acc(o, GGML_PREC_F32);
+            return o;
+        };
+        // an unsupported node is left unused (not part of the graph); the next choice follows
+        ggml_tensor* o = fa(kh, vh);
         if (!c.backend || ggml_backend_supports_op(c.backend, o)) return ggml_reshape_3d(ctx, o, D * n_heads_q, Lq, N);
+        // GPU flash-attention kernels take F16 keys and values only (ggml-cuda fattn.cu, as
+        // llama.cpp's F16 KV cache): F32 activations are cast around the op (accumulation stays F32)
+        if (kh->type == GGML_TYPE_F32 || vh->type == GGML_TYPE_F32) {
+            ggml_tensor* k16 = kh->type == GGML_TYPE_F32 ? ggml_cast(ctx, kh, GGML_TYPE_F16) : kh;
+            ggml_tensor* v16 = vh->type == GGML_TYPE_F32 ? ggml_cast(ctx, vh, GGML_TYPE_F16) : vh;
+            o = fa(k16, v16);
+            if (ggml_backend_supports_op(c.backend, o)) return ggml_reshape_3d(ctx, o, D * n_heads_q, Lq, N);
+        }
     }
     // Contiguous operands let ggml's CPU backend use its blocked GEMM (tinyBLAS) instead of one
     // dot product per output; a head size that is not a multiple of 8 is padded with zeros

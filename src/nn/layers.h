@@ -105,9 +105,10 @@ public:
 /// q: {D*Hq, Lq, N}, k/v: {D*Hkv, Lk, N} (Hq a multiple of Hkv: grouped-query attention).
 /// mask: optional additive F32 {Lk, Lq} (broadcast over heads and batch) or {Lk, Lq, 1, N}; -INF masks.
 /// Returns {D*Hq, Lq, N}. Scale 1/sqrt(D). Uses ggml_flash_attn_ext when c.flash_attn is set
-/// (and c.backend, if given, supports it for these shapes/types), else soft_max(k^T q * scale +
-/// mask) v; both give the same result within float tolerance (on the CPU with F32 K/V both are
-/// F32; CUDA's flash kernel rounds K/V to F16). Query head h uses key/value head h / (Hq / Hkv)
+/// (and c.backend, if given, supports it for these shapes/types; F32 K/V that the backend's kernel
+/// does not take, as CUDA's, are cast to F16 around the op), else soft_max(k^T q * scale + mask) v;
+/// both give the same result within float tolerance (on the CPU with F32 K/V both are F32; CUDA's
+/// flash kernel rounds K/V to F16). Query head h uses key/value head h / (Hq / Hkv)
 /// (transformers' repeat_kv). Throws Error(InvalidInput) on inconsistent shapes.
 ggml_tensor* attention(Ctx& c, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, int64_t n_heads_q,
                        int64_t n_heads_kv, ggml_tensor* mask = nullptr);

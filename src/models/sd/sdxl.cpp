@@ -378,7 +378,7 @@ Conditioning StableDiffusionXL::encode_prompt(const std::string& prompt, int cli
     auto& run = *te.runner;
     run.set_threads(opt_.threads);
     auto out = run.run([&](runtime::GraphBuilder& g) {
-        nn::Ctx c{g.ctx(), opt_.flash_attn_te};
+        nn::Ctx c{g.ctx(), opt_.flash_attn_te, g.backend()};
         clip::ClipInputs in1;
         in1.ids = g.input_i32("ids1", {L, n}, ids1);
         auto e1 = te.net1->encode(c, in1, eo);
@@ -450,7 +450,7 @@ void StableDiffusionXL::diffusion(std::span<const float> x, std::span<const floa
     auto& run = *un.runner;
     run.set_threads(opt_.threads);
     auto res = run.run([&](runtime::GraphBuilder& g) {
-        nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion};
+        nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion, g.backend()};
         UNetInputs in;
         in.sample = g.input_f32("sample", {w, h, cfg.in_channels, 1}, x);
         in.timestep = g.input_f32("timestep", {1}, std::span<const float>(&t, 1));

@@ -518,7 +518,7 @@ Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_
         auto& run = *te.runner;
         run.set_threads(opt_.threads);
         out = run.run([&](runtime::GraphBuilder& g) {
-            nn::Ctx c{g.ctx(), opt_.flash_attn_te};
+            nn::Ctx c{g.ctx(), opt_.flash_attn_te, g.backend()};
             clip::ClipInputs in;
             in.ids = g.input_i32("ids", {L, n}, ids);
             add_embeddings(g, in);
@@ -577,7 +577,7 @@ void StableDiffusion::diffusion(std::span<const float> x, std::span<const float>
     auto& run = *un.runner;
     run.set_threads(opt_.threads);
     auto res = run.run([&](runtime::GraphBuilder& g) {
-        nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion};
+        nn::Ctx c{g.ctx(), opt_.flash_attn_diffusion, g.backend()};
         UNetInputs in;
         in.sample = g.input_f32("sample", {w, h, cfg.in_channels, 1}, xs);
         in.timestep = g.input_f32("timestep", {1}, std::span<const float>(&t, 1));

@@ -23,7 +23,7 @@ HostTensor run_image_graph(ggml_backend_t backend, const HostTensor& in, const I
     ggml_tensor* x = ggml_new_tensor_4d(ctx.get(), GGML_TYPE_F32, in.w, in.h, in.c, in.n);
     ggml_set_name(x, "vae_input");
     ggml_set_input(x);
-    nn::Ctx c{ctx.get(), opt.flash_attn};
+    nn::Ctx c{ctx.get(), opt.flash_attn, backend};
     ggml_tensor* out = fn(c, x);
     if (!out || out->type != GGML_TYPE_F32)
         fail(ErrorKind::Internal, "VAE graph produced no F32 output");
