@@ -6,7 +6,7 @@
 //
 // The weights (uniform in +-1/sqrt(fan_in), PReLU slopes 0.25, fixed seed) are written under the
 // BasicSR key names to a temporary safetensors file and opened through the ordinary path
-// (esrgan::infer_config, placement::PlacedUpscaler on --device, weights F32 as easel keeps them).
+// (esrgan::infer_config, esrgan::PlacedUpscaler on --device, weights F32 as easel keeps them).
 // The input is a synthetic --size x --size RGB image; each --tiles entry (0 = the whole image) is
 // timed: --warmup untimed runs, then --reps timed ones (median). Reported: seconds per run, per
 // input megapixel and per output megapixel, the tile count, the measured peak on the device and
@@ -17,7 +17,7 @@
 #include "io/weight_index.h"
 #include "models/esrgan/esrgan.h"
 #include "placement/devices.h"
-#include "placement/upscaler.h"
+#include "models/esrgan/placed_upscaler.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
             write_safetensors(tf.path, w);
             auto index = io::WeightIndex::open(tf.path);
             for (int tile : tiles) {
-                placement::PlacedUpscaler up(index, tf.path.string(), spec, threads);
+                esrgan::PlacedUpscaler up(index, tf.path.string(), spec, threads);
                 std::vector<double> warm, times;
                 int ntiles = 0;
                 vae::HostTensor y;
