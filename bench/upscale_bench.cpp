@@ -6,7 +6,7 @@
 //
 // The weights (uniform in +-1/sqrt(fan_in), PReLU slopes 0.25, fixed seed) are written under the
 // BasicSR key names to a temporary safetensors file and opened through the ordinary path
-// (esrgan::infer_config, placement::PlacedUpscaler on --device, weights F32 as easel keeps them).
+// (esrgan::infer_config, esrgan::PlacedUpscaler on --device, weights F32 as easel keeps them).
 // The input is a synthetic --size x --size RGB image; each --tiles entry (0 = the whole image) is
 // timed: --warmup untimed runs, then --reps timed ones (median). Reported: seconds per run, per
 // input megapixel and per output megapixel, the tile count, the measured peak on the device and

@@ -8,6 +8,7 @@
 #include "models/family.h"
 #include "pipeline/cache.h"
 #include "pipeline/generate.h"
+#include "pipeline/hires.h"
 #include "pipeline/stages.h"
 #include "placement/devices.h"
 #include "placement/plan.h"
@@ -102,7 +103,18 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
         W0 = (int)z.w * f;
         H0 = (int)z.h * f;
     }
-    const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
+    int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
+    // --hires: the plan is for the larger second pass (the UNet / DiT and the decode at the hires
+    // size; a pixel or model upscaler's encode at the upscaled size), which covers the first
+    if (const auto hires = pipeline::hires_pass_size(p, W, H, mult, f)) {
+        W = hires->target.width;
+        H = hires->target.height;
+        if (hires->encodes) {
+            fo.vae_encode_sizes.push_back({hires->target.up_height, hires->target.up_width});
+            fam = models::open_family(files, fo);
+        }
+        log::info("--auto-fit: planning for the hires second pass at {}x{}", W, H);
+    }
     const int64_t h = H / f, w = W / f;
     auto costs = fam->placement_costs(h, w);
     if (costs.empty())

@@ -9,6 +9,7 @@
 #include "core/platform.h"
 #include "models/family.h"
 #include "pipeline/generate.h"
+#include "pipeline/hires.h"
 #include "pipeline/memory_check.h"
 #include "pipeline/stages.h"
 #include "pipeline/upscale.h"
@@ -42,15 +43,11 @@ EASEL_COMMAND(
         return [p, common, &sub]() -> int {
             cli::apply_common_options(*common);
             cli::resolve_generate_options(sub, *p);
-            if (p->hires)
-                log::warn("--hires: this plan is for the first pass at {}x{}; the second pass runs at the hires size (plan with -W/-H of "
-                          "that size to see it, docs/hires.md)", p->width, p->height);
-            // the upscaler (--upscale-model): its own stage after decode, planned for one tile
-            auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
-                if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;
+            // an upscaler (--upscale-model, or a --hires-upscaler model): its own stage, planned for one tile
+            auto model_upscaler_plan = [&](const std::string& model, int repeats, int W, int H) -> placement::ModulePlan {
                 pipeline::UpscaleOptions o;
-                o.model = p->upscale_model;
-                o.repeats = p->upscale_repeats;
+                o.model = model;
+                o.repeats = repeats;
                 o.tile = p->upscale_tile_size;
                 o.threads = p->threads;
                 o.placement = p->placement;
@@ -61,6 +58,10 @@ EASEL_COMMAND(
                 fmt::print("upscaler: {}, {}x{} -> {}x{} per pass, {}\n", up.describe(), W, H, W * up.scale(), H * up.scale(),
                            tile > 0 ? fmt::format("tiles of {} px (the upscaler rows are one tile's graph)", tile) : "the whole image at once");
                 return pl;
+            };
+            auto upscaler_plan = [&](int W, int H) -> std::optional<placement::ModulePlan> {
+                if (p->upscale_model.empty() || p->upscale_repeats < 1) return std::nullopt;
+                return model_upscaler_plan(p->upscale_model, p->upscale_repeats, W, H);
             };
             if (p->mode == "upscale") {  // sd-cli's -M upscale: only the upscaler, at the image's size
                 if (p->init_img.empty()) fail(ErrorKind::InvalidInput, "upscale mode needs an image: pass -i IMAGE");
@@ -122,11 +123,14 @@ EASEL_COMMAND(
                 H0 = (int)z.h * f;
             }
             const int W = std::max(mult, W0 / mult * mult), H = std::max(mult, H0 / mult * mult);
+            // --hires: the second pass runs at the larger size (checked before anything is printed)
+            const auto hires = pipeline::hires_pass_size(*p, W, H, mult, f);
+            const int outW = hires ? hires->target.width : W, outH = hires ? hires->target.height : H;
             fmt::print("{}: {}\n", fam->name(), fam->describe());
             fmt::print("placement: {}\n", placement::describe(*spec));
             fmt::print("job: {}x{} pixels, latent {}x{}x{}, batch 1 per evaluation\n\n", W, H, fam->latent_format().channels, H / f, W / f);
             auto plans = fam->plan_placement(H / f, W / f);
-            if (auto up = upscaler_plan(W, H)) plans.push_back(*up);
+            if (auto up = upscaler_plan(outW, outH); up && !hires) plans.push_back(*up);
             if (plans.empty()) {
                 fmt::print("{} has no module run under a placement plan in this build: each module runs whole on its device.\n", fam->name());
                 return 0;
@@ -151,6 +155,28 @@ EASEL_COMMAND(
             job.diffusion_fa = p->flash_attn || p->diffusion_fa;
             job.vae_tiling = p->vae_tiling;
             pipeline::check_plans_fit_host(plans, job, pipeline::host_ram_bytes());
+            if (hires) {
+                // the second pass: the UNet / DiT and the decode at the hires size; a pixel or model
+                // upscaler's encode at the upscaled size; the hires model upscaler on the first
+                // pass's image; --upscale-model on the final image
+                const pipeline::HiresTarget& t = hires->target;
+                fmt::print("\nhires second pass ({}): {}x{} pixels, latent {}x{}x{}{}\n\n", hires->up.name, t.width, t.height,
+                           fam->latent_format().channels, t.height / f, t.width / f,
+                           hires->encodes ? fmt::format(", the upscaled {}x{} image encoded", t.up_width, t.up_height) : std::string());
+                models::FamilyOptions fo2 = fo;
+                fo2.vae_encode_sizes.clear();
+                if (hires->encodes) fo2.vae_encode_sizes.push_back({t.up_height, t.up_width});
+                auto fam2 = models::open_family(files, fo2);
+                auto plans2 = fam2->plan_placement(t.height / f, t.width / f);
+                if (hires->up.kind == pipeline::HiresUpscaler::Kind::Model) plans2.push_back(model_upscaler_plan(hires->up.model_path, 1, W, H));
+                if (auto up = upscaler_plan(outW, outH)) plans2.push_back(*up);
+                fmt::print("{}", placement::format_plan(plans2));
+                std::fflush(stdout);
+                pipeline::MemoryJob job2 = job;
+                job2.width = t.up_width;
+                job2.height = t.up_height;
+                pipeline::check_plans_fit_host(plans2, job2, pipeline::host_ram_bytes());
+            }
             return 0;
         };
     },

@@ -902,27 +902,64 @@ std::vector<std::vector<float>> hires_pass(models::Family& fam, const Setup& s, 
     std::vector<vae::LatentDist> init_post(n);
     std::vector<std::string> hashes(n);
     auto tv = Clock::now();
+    // --checkpoint-dir: each image's second-pass input (the upscaled latent, or the upscaled
+    // image's posterior) is a file, DIR/hires/image<b>-input.safetensors, keyed by what made it (the
+    // first pass's latent, the upscaler, the target); --resume reads it instead of upscaling again
+    const bool ckpt = !p.checkpoint_dir.empty();
+    const fs::path hdir = ckpt ? platform::u8path(p.checkpoint_dir) / "hires" : fs::path();
+    if (ckpt) {
+        std::error_code ec;
+        fs::create_directories(hdir, ec);
+        if (!fs::is_directory(hdir, ec)) fail(ErrorKind::Io, "--checkpoint-dir {}: cannot create the folder", platform::path_utf8(hdir));
+    }
+    auto input_path = [&](size_t b) { return hdir / fmt::format("image{}-input.safetensors", b + 1); };
+    std::vector<std::string> input_keys(n);
+    std::vector<bool> have(n, false);
+    for (size_t b = 0; b < n; ++b) {
+        input_keys[b] = "xxh3-128:" + hash_parts({"hires-input", family_base_name(fam.name()), hp.up.name, hp.up.model_path,
+                                                  fmt::format("{}x{} {}x{} {},{}", t.up_width, t.up_height, t.width, t.height, t.crop_x, t.crop_y),
+                                                  xxh3_hex(std::span<const uint8_t>((const uint8_t*)lowres[b].data(), lowres[b].size() * sizeof(float)))});
+        std::error_code ec;
+        if (!ckpt || !(p.resume || p.resume_step >= 0) || !fs::is_regular_file(input_path(b), ec)) continue;
+        const Artifact a = read_artifact(input_path(b), ArtifactKind::Latent);
+        const auto pj = nlohmann::json::parse(a.meta.count("params") ? a.meta.at("params") : "{}", nullptr, false);
+        if (!pj.is_object() || pj.value("hires_input_key", "") != input_keys[b]) {
+            log::info("image {}: {} was made from another first pass or upscaler; upscaling again", b + 1, platform::path_utf8(input_path(b)));
+            continue;
+        }
+        LoadedLatent z = load_latent(input_path(b), fam);
+        if (z.h != th || z.w != tw || (hp.up.is_latent() ? z.space != "diffusion" : z.space != "posterior")) continue;
+        if (hp.up.is_latent()) init_lat[b] = std::move(z.latent);
+        else init_post[b] = std::move(*z.posterior);
+        have[b] = true;
+        log::info("image {}: the hires pass's input from {}", b + 1, platform::path_utf8(input_path(b)));
+    }
+    const bool all_have = std::all_of(have.begin(), have.end(), [](bool v) { return v; });
     if (hp.up.is_latent()) {
         for (size_t b = 0; b < n; ++b) {
+            if (have[b]) continue;
             const auto z = interpolate_latent(lowres[b], C, h, w, uh, uw, hp.up.mode, hp.up.antialias);
             init_lat[b] = crop_latent(z, C, uh, uw, t.crop_x, t.crop_y, tw, th);
-            hashes[b] = xxh3_hex(std::span<const uint8_t>((const uint8_t*)init_lat[b].data(), init_lat[b].size() * sizeof(float)));
         }
-        log::info("hires fix: {} upscale of the latent {}x{} -> {}x{} cells{}", hp.up.name, w, h, uw, uh,
-                  uw != tw || uh != th ? fmt::format(", cropped to {}x{}", tw, th) : "");
-    } else {
-        std::vector<Image> imgs;
+        if (!all_have)
+            log::info("hires fix: {} upscale of the latent {}x{} -> {}x{} cells{}", hp.up.name, w, h, uw, uh,
+                      uw != tw || uh != th ? fmt::format(", cropped to {}x{}", tw, th) : "");
+    } else if (!all_have) {
+        std::vector<Image> imgs(n);
         {
             StageMeter meter;
-            for (size_t b = 0; b < n; ++b) imgs.push_back(decode_latent(fam, lowres[b], h, w, tiling));
+            for (size_t b = 0; b < n; ++b)
+                if (!have[b]) imgs[b] = decode_latent(fam, lowres[b], h, w, tiling);
             log_stage("hires decode", fam, {Module::VaeDecoder}, meter);
             release(fam, s, Module::VaeDecoder);
         }
-        for (Image& im : imgs) im = hires_upscale_image(im, t.up_width, t.up_height, hp, rep);
+        for (size_t b = 0; b < n; ++b)
+            if (!have[b]) imgs[b] = hires_upscale_image(imgs[b], t.up_width, t.up_height, hp, rep);
         hp.model.reset();  // the upscaler's weights are freed before the encoder loads
         log::info("hires fix: {} upscale of the image {}x{} -> {}x{}", hp.up.name, W, H, t.up_width, t.up_height);
         StageMeter meter;
         for (size_t b = 0; b < n; ++b) {
+            if (have[b]) continue;
             vae::LatentDist d = encode_image(fam, imgs[b], tiling);
             imgs[b] = Image{};
             if (uw != tw || uh != th) {
@@ -934,12 +971,22 @@ std::vector<std::vector<float>> hires_pass(models::Family& fam, const Setup& s, 
                 cut(d.mean);
                 cut(d.logvar);
             }
-            hashes[b] = artifact_data_hash(posterior_artifact(d, fam, {}));
             init_post[b] = std::move(d);
         }
         log_stage("hires encode", fam, {Module::VaeEncoder}, meter);
         release(fam, s, Module::VaeEncoder);
         log_peaks_after_encode(fam);
+    }
+    for (size_t b = 0; b < n; ++b) {
+        const nlohmann::json pj{{"hires_input_key", input_keys[b]}, {"hires_upscaler", hp.up.name}, {"image", b + 1}};
+        if (hp.up.is_latent()) {
+            hashes[b] = xxh3_hex(std::span<const uint8_t>((const uint8_t*)init_lat[b].data(), init_lat[b].size() * sizeof(float)));
+            if (ckpt && !have[b]) write_artifact(input_path(b), latent_artifact(init_lat[b], C, th, tw, fam, pj));
+        } else {
+            const Artifact a = posterior_artifact(init_post[b], fam, pj);
+            hashes[b] = artifact_data_hash(a);
+            if (ckpt && !have[b]) write_artifact(input_path(b), a);
+        }
     }
     rep.vae_s += since(tv);
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 namespace easel::pipeline {
@@ -42,9 +43,33 @@ constexpr const char* kModelExts[] = {".pth", ".pt", ".safetensors", ".ckpt", ".
 /// Shortest decimal of a double ("2", "1.5").
 std::string shortest(double v) { return fmt::format("{}", v); }
 
-// torch's cubic convolution (UpSample.h get_cubic_upsample_coefficients, A = -0.75)
-float cubic1(float x, float A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }
-float cubic2(float x, float A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }
+// The arithmetic below follows torch's CPU kernels (ATen UpSample.h, cpu/UpSampleKernel.cpp) for
+// float32 operation by operation, including where torch's release build fuses a multiply and an
+// add into one FMA (GCC contracts them in its AVX2/AVX-512 kernels): std::fma marks each fused
+// step, and every unfused step is its own statement so no compiler fuses it either. With that,
+// every mode equals torch 2.11's CPU output bit for bit on tests/data/reference/hires (the
+// antialiased bicubic downscale within 2 float ulps).
+
+/// torch's cubic convolution taps (A = -0.75) as its non-antialiased bicubic kernel evaluates them:
+/// ((A + 2) x - (A + 3)) x x + 1 for |x| <= 1 and ((A x - 5A) x + 8A) x - 4A for 1 < |x| < 2.
+float cubic1_plain(float x, float A) {
+    const float p = std::fma(A + 2, x, -(A + 3));
+    const float q = p * x;
+    const float r = q * x;
+    return r + 1;
+}
+float cubic2_plain(float x, float A) {
+    float p = std::fma(A, x, -5 * A);
+    p = std::fma(p, x, 8 * A);
+    const float q = p * x;
+    return q - 4 * A;
+}
+/// The same polynomials as torch's antialiased filters evaluate them (a = -0.5, PIL's bicubic).
+float cubic1_aa(float x, float A) { return std::fma(std::fma(A + 2, x, -(A + 3)) * x, x, 1.0f); }
+float cubic2_aa(float x, float A) { return std::fma(std::fma(std::fma(A, x, -5 * A), x, 8 * A), x, -4 * A); }
+
+/// area_pixel_compute_source_index (align_corners=False): scale * (dst + 0.5) - 0.5 (fused).
+float source_index(float scale, int64_t dst) { return std::fma(scale, (float)dst + 0.5f, -0.5f); }
 
 /// Taps of one output index along an axis: first source index and weights (already clamped for
 /// the plain modes: indices repeat at the borders).
@@ -58,32 +83,30 @@ std::vector<Taps> axis_taps(int64_t in, int64_t out, LatentInterp mode, bool ant
     std::vector<Taps> r((size_t)out);
     const float scale = (float)in / (float)out;  // area_pixel_compute_scale, align_corners=False
     if (antialias && (mode == LatentInterp::Bilinear || mode == LatentInterp::Bicubic)) {
-        // _compute_index_ranges_weights of UpSampleKernel.cpp: interp_size 2 (bilinear) or 4
-        // (bicubic), support widened by the scale when downscaling, weights normalised
-        const double interp = mode == LatentInterp::Bilinear ? 2.0 : 4.0;
-        const double support = scale >= 1.0f ? interp * 0.5 * scale : interp * 0.5;
-        const double invscale = scale >= 1.0f ? 1.0 / scale : 1.0;
+        // _compute_indices_min_size_weights_aa: interp_size 2 (bilinear) or 4 (bicubic), support
+        // widened by the scale when downscaling, weights (float) normalised by their float sum
+        const int interp = mode == LatentInterp::Bilinear ? 2 : 4;
+        const float support = scale >= 1.0f ? (float)((interp * 0.5) * scale) : (float)(interp * 0.5);
+        const float invscale = scale >= 1.0f ? (float)(1.0 / scale) : 1.0f;
+        const int64_t max_taps = (int64_t)std::ceil(support) * 2 + 1;
         for (int64_t i = 0; i < out; ++i) {
-            const double center = scale * (i + 0.5);
+            const float center = (float)(scale * (i + 0.5));
             const int64_t xmin = std::max<int64_t>((int64_t)(center - support + 0.5), 0);
-            const int64_t xsize = std::min<int64_t>((int64_t)(center + support + 0.5), in) - xmin;
+            const int64_t xsize = std::clamp<int64_t>(std::min<int64_t>((int64_t)(center + support + 0.5), in) - xmin, 0, max_taps);
             Taps& t = r[(size_t)i];
-            double total = 0;
-            std::vector<double> w;
+            float total = 0;
             for (int64_t j = 0; j < xsize; ++j) {
-                double x = std::fabs((j + xmin - center + 0.5) * invscale), f = 0;
-                if (mode == LatentInterp::Bilinear) f = x < 1.0 ? 1.0 - x : 0.0;
-                else {
-                    const double a = -0.5;  // PIL's bicubic
-                    f = x < 1.0 ? ((a + 2.0) * x - (a + 3.0)) * x * x + 1 : x < 2.0 ? (((x - 5) * x + 8) * x - 4) * a : 0.0;
-                }
-                w.push_back(f);
+                const float d = (float)(j + xmin) - center;
+                const float x = std::fabs((float)((d + 0.5) * invscale));
+                float f = 0;
+                if (mode == LatentInterp::Bilinear) f = x < 1.0f ? 1.0f - x : 0.0f;
+                else f = x < 1.0f ? cubic1_aa(x, -0.5f) : x < 2.0f ? cubic2_aa(x, -0.5f) : 0.0f;
+                t.idx.push_back(xmin + j);
+                t.wt.push_back(f);
                 total += f;
             }
-            for (int64_t j = 0; j < xsize; ++j) {
-                t.idx.push_back(xmin + j);
-                t.wt.push_back((float)(total != 0 ? w[(size_t)j] / total : w[(size_t)j]));
-            }
+            if (total != 0.0f)
+                for (float& w : t.wt) w /= total;
         }
         return r;
     }
@@ -99,7 +122,8 @@ std::vector<Taps> axis_taps(int64_t in, int64_t out, LatentInterp mode, bool ant
             t.wt = {1.0f};
             break;
         case LatentInterp::Bilinear: {
-            const float real = std::max(scale * ((float)i + 0.5f) - 0.5f, 0.0f);
+            // compute_source_index_and_lambda (the source index clamped at 0)
+            const float real = std::max(source_index(scale, i), 0.0f);
             const int64_t i0 = std::min<int64_t>((int64_t)std::floor(real), in - 1);
             const float l1 = std::min(std::max(real - (float)i0, 0.0f), 1.0f);
             t.idx = {i0, i0 + (i0 < in - 1 ? 1 : 0)};
@@ -107,17 +131,29 @@ std::vector<Taps> axis_taps(int64_t in, int64_t out, LatentInterp mode, bool ant
             break;
         }
         case LatentInterp::Bicubic: {
-            const float real = scale * ((float)i + 0.5f) - 0.5f;
-            const int64_t i0 = (int64_t)std::floor(real);
-            const float tt = real - (float)i0;
-            const float A = -0.75f;
-            t.wt = {cubic2(tt + 1.0f, A), cubic1(tt, A), cubic1(1.0f - tt, A), cubic2(2.0f - tt, A)};
+            // guard_index_and_lambda, get_cubic_upsample_coefficients
+            const float real = source_index(scale, i);
+            const int64_t i0 = std::min<int64_t>((int64_t)std::floor(real), in - 1);
+            const float tt = std::min(std::max(real - (float)i0, 0.0f), 1.0f);
+            const float A = -0.75f, x2 = 1.0f - tt;
+            t.wt = {cubic2_plain(tt + 1.0f, A), cubic1_plain(tt, A), cubic1_plain(x2, A), cubic2_plain(x2 + 1.0f, A)};
             for (int k = 0; k < 4; ++k) t.idx.push_back(std::clamp<int64_t>(i0 - 1 + k, 0, in - 1));
             break;
         }
         }
     }
     return r;
+}
+
+/// sum_k v[k] * w[k] as torch's non-separable kernel computes it once its loop is unrolled:
+/// fma(v0, w0, v1 * w1), then fma(v_k, w_k, acc) (one tap: v0 * w0).
+template <class Get>
+float tap_sum(const Taps& t, Get&& v) {
+    if (t.idx.size() == 1) return v(t.idx[0]) * t.wt[0];
+    const float p1 = v(t.idx[1]) * t.wt[1];
+    float acc = std::fma(v(t.idx[0]), t.wt[0], p1);
+    for (size_t k = 2; k < t.idx.size(); ++k) acc = std::fma(v(t.idx[k]), t.wt[k], acc);
+    return acc;
 }
 
 }  // namespace
@@ -219,42 +255,56 @@ std::vector<float> interpolate_latent(std::span<const float> x, int64_t C, int64
     const auto tx = axis_taps(w, ow, mode, antialias), ty = axis_taps(h, oh, mode, antialias);
     std::vector<float> out((size_t)(C * oh * ow));
     if (antialias && (mode == LatentInterp::Bilinear || mode == LatentInterp::Bicubic)) {
-        // separable: width first (into [C, h, ow]), then height
+        // separable (upsample_separable_Nd_kernel_impl): width first (into [C, h, ow]), then
+        // height; each output v0 * w0, then fma(v_k, w_k, acc)
+        auto sum = [](const Taps& t, auto&& v) {
+            float acc = v(t.idx[0]) * t.wt[0];
+            for (size_t k = 1; k < t.idx.size(); ++k) acc = std::fma(v(t.idx[k]), t.wt[k], acc);
+            return acc;
+        };
         std::vector<float> tmp((size_t)(C * h * ow));
         for (int64_t c = 0; c < C; ++c)
-            for (int64_t y = 0; y < h; ++y)
-                for (int64_t i = 0; i < ow; ++i) {
-                    const Taps& t = tx[(size_t)i];
-                    const float* row = x.data() + (c * h + y) * w;
-                    float acc = row[t.idx[0]] * t.wt[0];
-                    for (size_t k = 1; k < t.idx.size(); ++k) acc += row[t.idx[k]] * t.wt[k];
-                    tmp[(size_t)((c * h + y) * ow + i)] = acc;
-                }
+            for (int64_t y = 0; y < h; ++y) {
+                const float* row = x.data() + (c * h + y) * w;
+                for (int64_t i = 0; i < ow; ++i) tmp[(size_t)((c * h + y) * ow + i)] = sum(tx[(size_t)i], [&](int64_t k) { return row[k]; });
+            }
+        for (int64_t c = 0; c < C; ++c)
+            for (int64_t j = 0; j < oh; ++j)
+                for (int64_t i = 0; i < ow; ++i)
+                    out[(size_t)((c * oh + j) * ow + i)] =
+                        sum(ty[(size_t)j], [&](int64_t k) { return tmp[(size_t)((c * h + k) * ow + i)]; });
+        return out;
+    }
+    if (mode == LatentInterp::Bilinear && oh + ow <= 128) {
+        // torch's bilinear float kernel for small outputs (_use_channels_last_kernel_2d:
+        // upsample_linear_channels_last): the four corner weights are products of the axis
+        // weights, summed as fma(i11, w11, fma(i10, w10, fma(i00, w00, i01 * w01)))
         for (int64_t c = 0; c < C; ++c)
             for (int64_t j = 0; j < oh; ++j) {
                 const Taps& t = ty[(size_t)j];
+                const float* r0 = x.data() + (c * h + t.idx[0]) * w;
+                const float* r1 = x.data() + (c * h + t.idx[1]) * w;
                 for (int64_t i = 0; i < ow; ++i) {
-                    float acc = tmp[(size_t)((c * h + t.idx[0]) * ow + i)] * t.wt[0];
-                    for (size_t k = 1; k < t.idx.size(); ++k) acc += tmp[(size_t)((c * h + t.idx[k]) * ow + i)] * t.wt[k];
-                    out[(size_t)((c * oh + j) * ow + i)] = acc;
+                    const Taps& u = tx[(size_t)i];
+                    const float w00 = t.wt[0] * u.wt[0], w01 = t.wt[0] * u.wt[1], w10 = t.wt[1] * u.wt[0], w11 = t.wt[1] * u.wt[1];
+                    const float p01 = r0[u.idx[1]] * w01;
+                    float acc = std::fma(r0[u.idx[0]], w00, p01);
+                    acc = std::fma(r1[u.idx[0]], w10, acc);
+                    out[(size_t)((c * oh + j) * ow + i)] = std::fma(r1[u.idx[1]], w11, acc);
                 }
             }
         return out;
     }
-    // the plain modes: output = sum_y wy * (sum_x wx * x[y][x]) (torch's Interpolate<2>: height outer)
+    // the non-separable kernel (InterpolateNonSeparable: height outer, width inner)
     for (int64_t c = 0; c < C; ++c)
         for (int64_t j = 0; j < oh; ++j) {
             const Taps& t = ty[(size_t)j];
             for (int64_t i = 0; i < ow; ++i) {
                 const Taps& u = tx[(size_t)i];
-                float acc = 0;
-                for (size_t a = 0; a < t.idx.size(); ++a) {
-                    const float* row = x.data() + (c * h + t.idx[a]) * w;
-                    float inner = row[u.idx[0]] * u.wt[0];
-                    for (size_t b = 1; b < u.idx.size(); ++b) inner += row[u.idx[b]] * u.wt[b];
-                    acc = a == 0 ? inner * t.wt[0] : acc + inner * t.wt[a];
-                }
-                out[(size_t)((c * oh + j) * ow + i)] = acc;
+                out[(size_t)((c * oh + j) * ow + i)] = tap_sum(t, [&](int64_t yk) {
+                    const float* row = x.data() + (c * h + yk) * w;
+                    return tap_sum(u, [&](int64_t xk) { return row[xk]; });
+                });
             }
         }
     return out;
@@ -311,6 +361,18 @@ std::vector<std::pair<std::string, std::string>> hires_infotext_fields(const Hir
     std::vector<std::pair<std::string, std::string>> r{{t.info_key, t.info_value}};
     if (hires_steps > 0) r.emplace_back("Hires steps", std::to_string(hires_steps));
     r.emplace_back("Hires upscaler", up.name);
+    return r;
+}
+
+std::optional<HiresPassSize> hires_pass_size(const GenerateParams& p, int W, int H, int multiple, int f) {
+    if (!p.hires || (!p.hires_a1111_none && ascii_lower(p.hires_upscaler) == "none")) return std::nullopt;
+    check_hires_flags(p);
+    // the float flag as written (0.1f -> 0.1), as generate reads it
+    const double scale = std::strtod(fmt::format("{}", p.hires_scale).c_str(), nullptr);
+    HiresPassSize r;
+    r.up = p.hires_a1111_none ? resolve_hires_upscaler("Lanczos", "", "") : resolve_hires_upscaler(p.hires_upscaler, p.hires_upscalers_dir, p.upscale_model);
+    r.target = hires_target(W, H, scale, p.hires_width, p.hires_height, multiple, f);
+    r.encodes = !r.up.is_latent();
     return r;
 }
 

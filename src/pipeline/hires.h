@@ -101,6 +101,18 @@ HiresSchedule hires_schedule(int steps, double strength);
 /// --hires-steps was given, > 0), {"Hires upscaler", name}.
 std::vector<std::pair<std::string, std::string>> hires_infotext_fields(const HiresTarget& t, int hires_steps, const HiresUpscaler& up);
 
+/// What a planner needs of a --hires job (easel plan, --auto-fit): the second pass's size and
+/// whether its upscale encodes an image (pixel and model upscalers: the VAE encoder runs at
+/// target.up_width x target.up_height). Nothing when p.hires is off or --hires-upscaler None turns
+/// it off (sd-cli). W x H: the first pass's (rounded) size; multiple, f: the family's size
+/// multiple and latent factor. Throws as check_hires_flags, resolve_hires_upscaler and hires_target.
+struct HiresPassSize {
+    HiresUpscaler up;
+    HiresTarget target;
+    bool encodes = false;
+};
+std::optional<HiresPassSize> hires_pass_size(const GenerateParams& p, int W, int H, int multiple, int f);
+
 /// The hires settings of a job checked (nothing when p.hires is false): strength in (0, 1], steps
 /// >= 0, scale > 0 without a size, sizes >= 0, --hires-sigmas parsed (>= 2 values). Throws
 /// Error(InvalidInput) naming the flag.

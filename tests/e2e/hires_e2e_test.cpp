@@ -103,6 +103,36 @@ TEST_F(HiresE2E, LatentEqualsTheComposition) {
     EXPECT_NE(text->find("Hires upscale: 2, Hires steps: 4, Hires upscaler: Latent, "), std::string::npos) << *text;
 }
 
+TEST_F(HiresE2E, InitImageGivesAnImg2ImgFirstPass) {
+    // -i with --hires (as sd-cli): the first pass is the img2img of the image at its size, then the
+    // hires pass on its latent; equal to img2img -> interpolate -> img2img done one by one
+    const std::string init = (data / "reference" / "sd_tiny" / "case_init_image.png").string();
+    GenerateParams h = hires("Latent");
+    h.init_img = init;
+    h.strength = 0.6f;
+    h.output = (tmp / "hires.png").string();
+    const auto rep = generate(h);
+    EXPECT_EQ(rep.width, 128);
+
+    GenerateParams low = base();
+    low.init_img = init;
+    low.strength = 0.6f;
+    low.output = (tmp / "low.png").string();
+    low.save_latent = (tmp / "low.safetensors").string();
+    generate(low);
+    Artifact a = read_artifact(tmp / "low.safetensors", ArtifactKind::Latent);
+    const auto up = interpolate_latent(a.f32("latent"), 4, 8, 8, 16, 16, LatentInterp::Bilinear, false);
+    a.tensors.clear();
+    a.add_f32("latent", {1, 4, 16, 16}, up);
+    write_artifact(tmp / "up.safetensors", a);
+    GenerateParams c = second(base());
+    c.load_latent = (tmp / "up.safetensors").string();
+    c.output = (tmp / "composed.png").string();
+    generate(c);
+    EXPECT_EQ(load_image(tmp / "hires.png", 3).pixels, load_image(tmp / "composed.png", 3).pixels)
+        << "-i --hires differs from img2img -> interpolate -> img2img";
+}
+
 TEST_F(HiresE2E, EsrganAndLanczosEqualTheComposition) {
     const fs::path model = data / "esrgan" / "srvgg_x2_tiny.safetensors";
     GenerateParams low = base();
