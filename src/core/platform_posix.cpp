@@ -235,18 +235,6 @@ void FileLock::release() noexcept {
     handle_ = -1;
 }
 
-FileLock::~FileLock() { release(); }
-FileLock::FileLock(FileLock&& o) noexcept : handle_(o.handle_), path_(std::move(o.path_)) { o.handle_ = -1; }
-FileLock& FileLock::operator=(FileLock&& o) noexcept {
-    if (this != &o) {
-        release();
-        handle_ = o.handle_;
-        path_ = std::move(o.path_);
-        o.handle_ = -1;
-    }
-    return *this;
-}
-
 std::optional<FileLock> FileLock::try_lock(const fs::path& path) {
     for (int attempt = 0; attempt < 16; ++attempt) {
         int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

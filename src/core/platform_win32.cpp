@@ -287,18 +287,6 @@ void FileLock::release() noexcept {
     DeleteFileW(path_.c_str());  // best effort: a process that holds it open keeps it until it closes it
 }
 
-FileLock::~FileLock() { release(); }
-FileLock::FileLock(FileLock&& o) noexcept : handle_(o.handle_), path_(std::move(o.path_)) { o.handle_ = -1; }
-FileLock& FileLock::operator=(FileLock&& o) noexcept {
-    if (this != &o) {
-        release();
-        handle_ = o.handle_;
-        path_ = std::move(o.path_);
-        o.handle_ = -1;
-    }
-    return *this;
-}
-
 std::optional<FileLock> FileLock::try_lock(const fs::path& path) {
     HANDLE h = CreateFileW(path.c_str(), GENERIC_READ | GENERIC_WRITE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                            OPEN_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr);

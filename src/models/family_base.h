@@ -1,7 +1,9 @@
 // FamilyBase: the Family interface implemented once over a ModuleSet (module_set.h), plus the
 // parts every family shares: the options and --type, the diffusion model's and the VAE's weight
 // indexes, and the VAE modules (AutoencoderKL decoder and encoder, whole or placed, and a
-// TAESD / TAEF2 decoder).
+// TAESD / TAEF2 decoder, checked against the family when the model is opened); the --taesd /
+// VAE header reading (open_vae), the un-scaling decode (decode_scaled) and the Qwen3 text
+// encoder's run options and LoRA targets (Z-Image, FLUX.2 Klein).
 //
 // A family derives from it and describes only what is its own: in open(), its sources
 // (resolve_sources), header checks and configuration, its module slots (modules_.add for te and
@@ -150,7 +152,7 @@ protected:
         /// Z-Image 16, FLUX.2 32), the latents' name for the refusal ("" = name() + " latents")
         /// and the tiny autoencoder to pass instead ("TAEF1 (taef1_decoder)").
         int64_t taesd_channels = 4;
-        std::string taesd_latents, taesd_kind;
+        std::string taesd_latents{}, taesd_kind{};
         /// The VAE to pass for img2img when only --taesd is given: "the FLUX.1 VAE (ae.safetensors)".
         std::string vae_needed = "a VAE";
     };

@@ -356,12 +356,7 @@ std::string Flux1::describe() const {
 }
 
 LatentFormat Flux1::latent_format() const {
-    LatentFormat f;
-    f.channels = 16;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = shift_factor_;
-    return f;
+    return {.channels = 16, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = shift_factor_};
 }
 
 const sampling::ModelSampling& Flux1::model_sampling() const { return *ms_; }
@@ -549,14 +544,9 @@ void Flux1::add_modules() {
     dit_ = &modules_.add<DiTWhole, PlacedDiT>(Module::Diffusion, std::move(dh));
 
     // vae: the 16-channel FLUX.1 AutoencoderKL on the job's latent (factor 8)
-    VaeSetup v;
-    v.kl = kl_;
-    v.tile_factor = spatial_factor_;
-    // --taesd: TAEF1 (a 16-channel tiny autoencoder) decodes instead of the KL decoder
-    v.taesd_channels = 16;
-    v.taesd_kind = "TAEF1 (taef1_decoder)";
-    v.vae_needed = "the FLUX.1 VAE (ae.safetensors)";
-    add_vae(std::move(v));
+    // (--taesd: TAEF1, a 16-channel tiny autoencoder, decodes instead of the KL decoder)
+    add_vae({.kl = kl_, .tile_factor = spatial_factor_, .taesd_channels = 16, .taesd_kind = "TAEF1 (taef1_decoder)",
+             .vae_needed = "the FLUX.1 VAE (ae.safetensors)"});
 }
 
 Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) {

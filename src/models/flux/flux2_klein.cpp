@@ -297,12 +297,7 @@ std::string Flux2Klein::describe() const {
 }
 
 LatentFormat Flux2Klein::latent_format() const {
-    LatentFormat f;
-    f.channels = dcfg_.in_channels;
-    f.spatial_factor = vae_factor_ * 2;
-    f.scaling_factor = 1.0f;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = dcfg_.in_channels, .spatial_factor = vae_factor_ * 2, .scaling_factor = 1.0f, .shift_factor = 0.0f};
 }
 
 const sampling::ModelSampling& Flux2Klein::model_sampling() const { return *ms_; }

@@ -246,12 +246,7 @@ std::string StableDiffusionXL::describe() const {
 }
 
 LatentFormat StableDiffusionXL::latent_format() const {
-    LatentFormat f;
-    f.channels = 4;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = 4, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = 0.0f};
 }
 
 SamplingDefaults StableDiffusionXL::defaults() const {
@@ -300,13 +295,8 @@ void StableDiffusionXL::add_modules() {
     // diffusion: the UNet
     unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, unet_slot_hooks(*dit_idx_, dit_src_, ucfg_, opt_, weight_type_, "SDXL"));
 
-    VaeSetup v;
-    v.kl = kl_;
-    v.flash_attn = opt_.flash_attn_te;
-    v.tile_factor = spatial_factor_;
-    v.taesd_kind = "TAESDXL (taesdxl_decoder)";
-    v.vae_needed = "the SDXL VAE";
-    add_vae(std::move(v));
+    add_vae({.kl = kl_, .flash_attn = opt_.flash_attn_te, .tile_factor = spatial_factor_, .taesd_kind = "TAESDXL (taesdxl_decoder)",
+             .vae_needed = "the SDXL VAE"});
 }
 
 Conditioning StableDiffusionXL::encode_prompt(const std::string& prompt, int clip_skip) {

@@ -267,12 +267,7 @@ std::string StableDiffusion::describe() const {
 }
 
 LatentFormat StableDiffusion::latent_format() const {
-    LatentFormat f;
-    f.channels = 4;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = 4, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = 0.0f};
 }
 
 SamplingDefaults StableDiffusion::defaults() const {
@@ -389,13 +384,8 @@ void StableDiffusion::add_modules() {
     unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, unet_slot_hooks(*dit_idx_, dit_src_, ucfg_, opt_, weight_type_, "SD1.x/SD2.x"));
 
     // vae: the AutoencoderKL (the VAE flash attention follows --fa), or TAESD for decoding
-    VaeSetup v;
-    v.kl = kl_;
-    v.flash_attn = opt_.flash_attn_te;
-    v.tile_factor = spatial_factor_;
-    v.taesd_kind = "TAESD (taesd_decoder)";
-    v.vae_needed = "an SD1.x/SD2.x VAE";
-    add_vae(std::move(v));
+    add_vae({.kl = kl_, .flash_attn = opt_.flash_attn_te, .tile_factor = spatial_factor_, .taesd_kind = "TAESD (taesd_decoder)",
+             .vae_needed = "an SD1.x/SD2.x VAE"});
 }
 
 Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {

@@ -205,12 +205,7 @@ std::string ZImage::describe() const {
 }
 
 LatentFormat ZImage::latent_format() const {
-    LatentFormat f;
-    f.channels = dcfg_.in_channels;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = shift_factor_;
-    return f;
+    return {.channels = dcfg_.in_channels, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = shift_factor_};
 }
 
 const sampling::ModelSampling& ZImage::model_sampling() const { return *ms_; }
@@ -391,14 +386,9 @@ void ZImage::add_modules() {
     dit_ = &modules_.add<LoadedZImageDiT, PlacedDiT>(Module::Diffusion, std::move(dh));
 
     // vae: the FLUX.1 AutoencoderKL
-    VaeSetup v;
-    v.kl = kl_;
-    v.tile_factor = spatial_factor_;
-    // --taesd: TAEF1 (a 16-channel tiny autoencoder) decodes instead of the KL decoder
-    v.taesd_channels = 16;
-    v.taesd_kind = "TAEF1 (taef1_decoder)";
-    v.vae_needed = "the FLUX.1 VAE (ae.safetensors)";
-    add_vae(std::move(v));
+    // (--taesd: TAEF1, a 16-channel tiny autoencoder, decodes instead of the KL decoder)
+    add_vae({.kl = kl_, .tile_factor = spatial_factor_, .taesd_channels = 16, .taesd_kind = "TAEF1 (taef1_decoder)",
+             .vae_needed = "the FLUX.1 VAE (ae.safetensors)"});
 }
 
 std::vector<int32_t> ZImage::prompt_ids(const std::string& prompt) const {
