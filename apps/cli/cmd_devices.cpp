@@ -62,7 +62,7 @@ EASEL_COMMAND(
         };
         auto o = std::make_shared<O>();
         sub.add_option("-H,--host", o->host, "Address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network, unauthenticated)");
-        sub.add_option("-p,--port", o->port, "TCP port (default 50052; 0: a free port the OS picks, see --port-file)")->check(CLI::Range(0, 65535));
+        sub.add_option("-p,--port", o->port, "TCP port (default 50052; 0: a free port the OS picks, see --port-file)")->check(cli::number_check(0, 65535, true));
         sub.add_option("-d,--device", o->devices, "Device(s) to serve (repeatable; default: the first GPU, else the CPU)");
         sub.add_option("-t,--threads", o->threads, "CPU threads for a served CPU device (default: all cores; at most 512)")
             ->check(CLI::NonNegativeNumber)

@@ -57,6 +57,7 @@ EASEL_COMMAND(
             // family's defaults (steps, CFG scale; the sampler and scheduler when their names are empty);
             // prompt files; notes
             cli::resolve_generate_options(sub, *p);
+            cli::warn_flags_without_their_switch(sub, *p);  // --hires-* without --hires, --strength without -i, ...
             const bool tty = platform::is_terminal(stderr);
             auto t_last = std::chrono::steady_clock::now();
             double sum = 0;

@@ -74,19 +74,19 @@ EASEL_COMMAND(
         auto s = std::make_shared<ServerFlags>();
         const char* g = "Server";
         sub.add_option("-l,--listen-ip", s->listen_ip, "Address to listen on (default 127.0.0.1: this machine only)")->group(g);
-        sub.add_option("--listen-port", s->listen_port, "Port (default 1234)")->check(CLI::Range(1, 65535))->group(g);
+        sub.add_option("--listen-port", s->listen_port, "Port (default 1234)")->check(cli::number_check(1, 65535, true))->group(g);
         sub.add_option("--serve-html-path", s->html_path, "Serve this HTML file at / instead of easel's page")->group(g);
         sub.add_option("--api-key", s->api_key, "Require 'Authorization: Bearer KEY' on every API route")->group(g);
         sub.add_option("--state-dir", s->state_dir, "Jobs, checkpoints and results (default: <cache dir>/server)")->group(g);
-        sub.add_option("--max-queue", s->max_queue, "Jobs that may wait; more get 503 + Retry-After (default 64)")->check(CLI::Range(1, 100000))->group(g);
-        sub.add_option("--max-body-mib", s->max_body_mib, "Largest request body in MiB (default 64)")->check(CLI::Range(1, 4096))->group(g);
+        sub.add_option("--max-queue", s->max_queue, "Jobs that may wait; more get 503 + Retry-After (default 64)")->check(cli::number_check(1, 100000, true))->group(g);
+        sub.add_option("--max-body-mib", s->max_body_mib, "Largest request body in MiB (default 64)")->check(cli::number_check(1, 4096, true))->group(g);
         sub.add_option("--max-side", s->max_side, "Largest width/height a request may ask for, pixels (default 4096)")
-            ->check(CLI::Range(8, (int)cli::kMaxImageSide))->group(g);
-        sub.add_option("--max-steps", s->max_steps, "Most steps a request may ask for (default 150)")->check(CLI::Range(1, 10000))->group(g);
-        sub.add_option("--max-batch", s->max_batch, "Most images one request may ask for (default 16)")->check(CLI::Range(1, 1000))->group(g);
+            ->check(cli::number_check(8, (double)cli::kMaxImageSide, true))->group(g);
+        sub.add_option("--max-steps", s->max_steps, "Most steps a request may ask for (default 150)")->check(cli::number_check(1, 10000, true))->group(g);
+        sub.add_option("--max-batch", s->max_batch, "Most images one request may ask for (default 16)")->check(cli::number_check(1, 1000, true))->group(g);
         sub.add_option("--preview", s->preview, "Live preview: auto (proj where known), proj, vae (the model's decoder, or TAESD), none")->group(g);
-        sub.add_option("--preview-interval", s->preview_interval, "Steps between previews (default 1)")->check(CLI::Range(1, 10000))->group(g);
-        sub.add_option("--http-threads", s->threads, "HTTP worker threads (default 48)")->check(CLI::Range(4, 1024))->group(g);
+        sub.add_option("--preview-interval", s->preview_interval, "Steps between previews (default 1)")->check(cli::number_check(1, 10000, true))->group(g);
+        sub.add_option("--http-threads", s->threads, "HTTP worker threads (default 48)")->check(cli::number_check(4, 1024, true))->group(g);
         cli::add_generate_options(sub, *p);
         cli::add_stage_options(sub, *p);
         // --lora-model-dir: the LoRA picker's folder (taken from the generate flags when they have it)

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <ggml.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -39,6 +41,25 @@ struct CommonOptions {
 void add_common_options(CLI::App& app, CommonOptions& o);
 /// Applies them (log level, colour, RPC registration). Throws easel::Error.
 void apply_common_options(const CommonOptions& o);
+
+/// CLI11 check of a numeric option with a range: a value that is not a number is refused as
+/// such ("abc is not a number: pass a whole number from 1 to 10000"), not as "not in range"
+/// (CLI::Range's words for it); a number outside [lo, hi] names the range. `whole`: integers only.
+/// Runs at parse time.
+inline CLI::Validator number_check(double lo, double hi, bool whole) {
+    const std::string what = whole ? "a whole number" : "a number";
+    const std::string range = fmt::format("{} from {} to {}", what, lo, hi);
+    return CLI::Validator(
+        [what, range, lo, hi, whole](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const double v = whole ? (double)std::strtoll(s.c_str(), &end, 10) : std::strtod(s.c_str(), &end);
+            if (s.empty() || end == s.c_str() || *end != '\0' || (!whole && !std::isfinite(v))) return s + " is not " + what + ": pass " + range;
+            if (errno == ERANGE || v < lo || v > hi) return s + " is outside the range: pass " + range;
+            return {};
+        },
+        fmt::format("{} in [{}, {}]", whole ? "INT" : "FLOAT", lo, hi), "number range");
+}
 
 /// A CLI11 validator refusing an integer option value above `limit` with the message
 /// "VALUE<above>LIMIT<fix>" (also a value too large for long long); values that are not integers

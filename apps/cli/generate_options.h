@@ -2,19 +2,24 @@
 #pragma once
 
 #include "pipeline/generate_params.h"
+#include "pipeline/hires.h"
 #include "pipeline/upscale.h"
 #include "command.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/platform.h"
+#include "core/strings.h"
+#include "text/unicode.h"
 #include "placement_options.h"
 
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
+#include <vector>
 
 namespace easel::cli {
 
@@ -37,10 +42,10 @@ inline void add_upscale_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--upscale-model", p.upscale_model,
                    "ESRGAN / Real-ESRGAN upscaler (RRDBNet or SRVGGNetCompact; .pth, .safetensors ...): each image is upscaled before it is written")
         ->group(g);
-    app.add_option("--upscale-repeats", p.upscale_repeats, "Run the upscaler this many times (default 1; 0: not at all)")->check(CLI::Range(0, 16))->group(g);
+    app.add_option("--upscale-repeats", p.upscale_repeats, "Run the upscaler this many times (default 1; 0: not at all)")->check(number_check(0, 16, true))->group(g);
     app.add_option("--upscale-tile-size", p.upscale_tile_size,
                    "Upscaler tile in input pixels (default: the largest the device's budget holds; 0: the whole image at once)")
-        ->check(CLI::Range(0, 16384))
+        ->check(number_check(0, 16384, true))
         ->group(g);
 }
 
@@ -77,12 +82,12 @@ inline void add_hires_options(CLI::App& app, pipeline::GenerateParams& p) {
         ->group(g);
     app.add_option("--hires-scale", p.hires_scale, "Hires target = this x the size, when --hires-width/--hires-height are 0 (default: 2.0)")->group(g);
     app.add_option("--hires-width", p.hires_width, "Hires target width in pixels, 0 to use --hires-scale (default: 0)")
-        ->check(CLI::Range(0, (int)kMaxImageSide))
+        ->check(number_check(0, (double)kMaxImageSide, true))
         ->group(g);
     app.add_option("--hires-height", p.hires_height, "Hires target height in pixels, 0 to use --hires-scale (default: 0)")
-        ->check(CLI::Range(0, (int)kMaxImageSide))
+        ->check(number_check(0, (double)kMaxImageSide, true))
         ->group(g);
-    app.add_option("--hires-steps", p.hires_steps, "Steps the second pass runs, 0 to reuse --steps (default: 0)")->check(CLI::Range(0, 10000))->group(g);
+    app.add_option("--hires-steps", p.hires_steps, "Steps the second pass runs, 0 to reuse --steps (default: 0)")->check(number_check(0, 10000, true))->group(g);
     app.add_option("--hires-denoising-strength", p.hires_denoising_strength, "Second pass denoising strength, (0, 1] (default: 0.7)")->group(g);
     app.add_option("--hires-sigmas", p.hires_sigmas, "The second pass's sigmas, comma-separated (e.g. \"0.85,0.725,0.42,0.0\"); replaces the cut schedule")
         ->group(g);
@@ -130,7 +135,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--guidance", p.guidance, "Distilled guidance for models with a guidance input (FLUX.1 dev; default 3.5; others warn)")
         ->each([&p](const std::string&) { p.guidance_given = true; })
         ->group(g);
-    app.add_option("--steps", p.steps, "Sampling steps (default 20)")->check(CLI::Range(1, 10000))->group(g);
+    app.add_option("--steps", p.steps, "Sampling steps (default 20)")->check(number_check(1, 10000, true))->group(g);
     app.add_option("--sampling-method", p.sampling_method,
                    "euler, euler_a, heun, dpm2, dpm2_a, dpm++2s_a, dpm++2s, dpm++_sde, dpm++2m, dpm++2mv2, dpm++2m_sde, "
                    "dpm++2m_sde_bt, ipndm, ipndm_v, lms, deis, uni_pc, lcm, ddim, ddim_trailing, tcd, res_multistep, res_2s, "
@@ -168,7 +173,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("-H,--height", p.height, "Height in pixels (default 512, at most 16384; rounded down to the model's multiple: 8 for SD1.x/2.x, 16 for FLUX and Z-Image)")
         ->check(max_side_check())
         ->group(g);
-    app.add_option("-b,--batch-count", p.batch_count, "Number of images (seeds seed, seed+1, ...)")->check(CLI::Range(1, 10000))->group(g);
+    app.add_option("-b,--batch-count", p.batch_count, "Number of images (seeds seed, seed+1, ...)")->check(number_check(1, 10000, true))->group(g);
     app.add_option("-o,--output", p.output,
                    "Output image: .png (with the parameters in its text chunks), .jpg/.jpeg (quality 90, parameters in a comment) "
                    "(default output.png; printf-style %d for batches)")
@@ -179,7 +184,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
         ->group(g);
     app.add_option("-i,--init-img", p.init_img, "Init image for img2img")->group(g);
     app.add_option("--mask", p.mask, "Inpainting mask (white = repaint), same size as the init image")->group(g);
-    app.add_option("--strength", p.strength, "img2img strength, 0..1 (default 0.75)")->check(CLI::Range(0.0, 1.0))->group(g);
+    app.add_option("--strength", p.strength, "img2img strength, 0..1 (default 0.75)")->check(number_check(0.0, 1.0, false))->group(g);
     app.add_option("-r,--ref-image", p.ref_images, "Reference image for edit models (FLUX.2 Klein); repeat the flag for several")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)  // every -r counts (the default policy here is TakeLast)
         ->allow_extra_args(false)
@@ -210,7 +215,8 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
 }
 
 /// Reads a prompt file (--prompt-file, --negative-prompt-file): its whole text, one trailing
-/// newline ("\n" or "\r\n") dropped. Throws Error(Io) naming `flag` and the file when it cannot be read.
+/// newline ("\n" or "\r\n") dropped. Throws Error(Io) naming `flag` and the file when it cannot be
+/// read, Error(InvalidInput) naming them and the first bad byte when it is not UTF-8.
 inline std::string read_prompt_file(const std::string& path, const char* flag) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(platform::u8path(path), ec))
@@ -218,6 +224,9 @@ inline std::string read_prompt_file(const std::string& path, const char* flag) {
     std::ifstream in(platform::u8path(path), std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (!in.good() && !in.eof()) fail(ErrorKind::Io, "{} {}: cannot read it", flag, path);
+    if (const size_t at = text::first_invalid_utf8(text); at != std::string::npos)
+        fail(ErrorKind::InvalidInput, "{} {}: not UTF-8 text (byte 0x{:02X} at offset {}); save the file as UTF-8", flag, path,
+             (unsigned)(unsigned char)text[at], at);
     if (!text.empty() && text.back() == '\n') text.pop_back();
     if (!text.empty() && text.back() == '\r') text.pop_back();
     return text;
@@ -228,7 +237,8 @@ inline std::string read_prompt_file(const std::string& path, const char* flag) {
 /// the model file's recommended settings or the family's defaults), --prompt-file / --negative-prompt-file (each excludes its -p / -n), and the notes
 /// of the accepted flags that change nothing in this build: --mmap (a debug line: easel maps
 /// model files already) and --vae-conv-direct / --diffusion-conv-direct (one warning). Throws
-/// Error(InvalidInput) for -p with --prompt-file, Error(Io) for a prompt file that cannot be read.
+/// Error(InvalidInput) for -p with --prompt-file, a prompt file that is not UTF-8 and an empty
+/// --sigmas / --hires-sigmas; Error(Io) for a prompt file that cannot be read.
 inline void resolve_generate_options(const CLI::App& app, pipeline::GenerateParams& p) {
     p.steps_given = app.count("--steps") > 0;
     p.cfg_scale_given = app.count("--cfg-scale") > 0;
@@ -243,6 +253,13 @@ inline void resolve_generate_options(const CLI::App& app, pipeline::GeneratePara
             fail(ErrorKind::InvalidInput, "give either -n/--negative-prompt or --negative-prompt-file, not both");
         p.negative_prompt = read_prompt_file(p.negative_prompt_file, "--negative-prompt-file");
     }
+    // an empty list given on purpose is refused, not taken for "the scheduler's" (the meaning of no flag)
+    for (const char* f : {"--sigmas", "--hires-sigmas"}) {
+        const std::string& v = std::string(f) == "--sigmas" ? p.sigmas : p.hires_sigmas;
+        if (app.count(f) > 0 && v.find_first_not_of(" \t") == std::string::npos)
+            fail(ErrorKind::InvalidInput, "{} is empty: give the sigmas comma-separated, e.g. {} \"14.61,7.8,3.5,0.0\", or leave the flag out "
+                 "for the scheduler's", f, f);
+    }
     if (!p.vae_relative_tile_size.empty())
         fail(ErrorKind::Unsupported, "--vae-relative-tile-size {}: not in this build yet; give the tile in latent cells with --vae-tile-size "
              "NxN (8 px per cell; FLUX.2 Klein 16)", p.vae_relative_tile_size);
@@ -254,6 +271,48 @@ inline void resolve_generate_options(const CLI::App& app, pipeline::GeneratePara
                   p.vae_conv_direct && p.diffusion_conv_direct ? "--vae-conv-direct and --diffusion-conv-direct"
                   : p.vae_conv_direct                          ? "--vae-conv-direct"
                                                                : "--diffusion-conv-direct");
+}
+
+/// The flags of `easel generate` that act only with another flag, given without it: one warning
+/// line per group, naming the flags given and the one they need (issue 20: nothing accepted is
+/// silently ignored): --hires-* without --hires; --strength without an init image (-i, or
+/// --load-latent); --upscale-repeats / --upscale-tile-size without --upscale-model (the tile size
+/// also acts for a hires upscaler model); --vae-tile-size / --vae-tile-overlap without
+/// --vae-tiling. Returns the lines (without "warning: "); warn_flags_without_their_switch() logs them.
+inline std::vector<std::string> flags_without_their_switch(const CLI::App& app, const pipeline::GenerateParams& p) {
+    std::vector<std::string> lines;
+    const auto given = [&app](std::initializer_list<const char*> flags) {
+        std::string list;
+        for (const char* f : flags)
+            if (app.count(f) > 0) list += (list.empty() ? "" : ", ") + std::string(f);
+        return list;
+    };
+    if (!p.hires) {
+        const std::string h = given({"--hires-upscaler", "--hires-upscalers-dir", "--hires-scale", "--hires-width", "--hires-height", "--hires-steps",
+                                     "--hires-denoising-strength", "--hires-sigmas"});
+        if (!h.empty()) lines.push_back(h + ": not used: the hires fix is off; add --hires to run its second pass");
+    }
+    if (app.count("--strength") > 0 && p.init_img.empty() && p.load_latent.empty())
+        lines.push_back(fmt::format("--strength {}: not used without an init image: a text-to-image job starts from pure noise; pass -i IMAGE "
+                                    "for img2img", p.strength));
+    if (p.upscale_model.empty()) {
+        // a hires upscaler model (not a built-in name) is tiled by --upscale-tile-size too
+        bool hires_model = p.hires;
+        for (const std::string& b : pipeline::builtin_hires_upscalers())
+            if (ascii_lower(b) == ascii_lower(p.hires_upscaler) || ascii_lower(p.hires_upscaler) == "none") hires_model = false;
+        const std::string u = hires_model ? given({"--upscale-repeats"}) : given({"--upscale-repeats", "--upscale-tile-size"});
+        if (!u.empty()) lines.push_back(u + ": not used without --upscale-model (no upscaler runs in this job); pass --upscale-model FILE");
+    }
+    if (!p.vae_tiling) {
+        const std::string v = given({"--vae-tile-size", "--vae-tile-overlap"});
+        if (!v.empty()) lines.push_back(v + ": not used without --vae-tiling (the VAE runs untiled); add --vae-tiling");
+    }
+    return lines;
+}
+
+/// Logs flags_without_their_switch() as warnings (`easel generate` calls it once, after parsing).
+inline void warn_flags_without_their_switch(const CLI::App& app, const pipeline::GenerateParams& p) {
+    for (const std::string& line : flags_without_their_switch(app, p)) log::warn("{}", line);
 }
 
 /// Adds the stage file flags (docs/artifacts.md), shared by `generate` and the stage commands:

@@ -1,6 +1,8 @@
 // The parts of the platform layer that standard C++ spells the same everywhere (platform.h).
 #include "core/platform.h"
 
+#include <utility>
+
 namespace easel::platform {
 
 std::filesystem::path u8path(std::string_view utf8) {
@@ -12,6 +14,19 @@ std::filesystem::path u8path(std::string_view utf8) {
 std::string path_utf8(const std::filesystem::path& p) {
     const std::u8string s = p.u8string();
     return std::string(s.begin(), s.end());
+}
+
+// FileLock's moves and destructor, over each platform's release()
+FileLock::~FileLock() { release(); }
+FileLock::FileLock(FileLock&& o) noexcept : handle_(o.handle_), path_(std::move(o.path_)) { o.handle_ = -1; }
+FileLock& FileLock::operator=(FileLock&& o) noexcept {
+    if (this != &o) {
+        release();
+        handle_ = o.handle_;
+        path_ = std::move(o.path_);
+        o.handle_ = -1;
+    }
+    return *this;
 }
 
 }  // namespace easel::platform

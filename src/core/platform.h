@@ -137,7 +137,9 @@ bool sync_directory(const std::filesystem::path& dir);
 
 /// An exclusive advisory lock on a file (created when missing), held while the object lives
 /// (POSIX flock LOCK_EX, Windows LockFileEx). Another process's try_lock on the same file fails
-/// while it is held; a crashed holder's lock is released by the OS.
+/// while it is held; a crashed holder's lock is released by the OS. The file is removed when the
+/// lock is released (POSIX: while still held, and try_lock checks that the file it locked is still
+/// the one at the path, so no two processes hold locks on one path).
 class FileLock {
 public:
     FileLock() = default;
@@ -153,7 +155,11 @@ public:
     bool held() const { return handle_ != -1; }
 
 private:
+    /// Removes the lock file and releases the lock (the destructor, on every exit path that
+    /// unwinds; a killed process leaves the file, and the OS releases its lock).
+    void release() noexcept;
     intptr_t handle_ = -1;
+    std::filesystem::path path_;  ///< the lock file
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -226,29 +226,33 @@ void write_file_atomic(const fs::path& path, std::span<const uint8_t> bytes) {
 
 // ---- FileLock
 
-FileLock::~FileLock() {
-    if (handle_ != -1) ::close((int)handle_);  // closing the descriptor releases the flock
-}
-FileLock::FileLock(FileLock&& o) noexcept : handle_(o.handle_) { o.handle_ = -1; }
-FileLock& FileLock::operator=(FileLock&& o) noexcept {
-    if (this != &o) {
-        if (handle_ != -1) ::close((int)handle_);
-        handle_ = o.handle_;
-        o.handle_ = -1;
-    }
-    return *this;
+void FileLock::release() noexcept {
+    if (handle_ == -1) return;
+    // unlinked while still held: a process that opened the old file meanwhile finds it gone
+    // once it gets the lock (try_lock compares the inodes) and tries again on a new file
+    ::unlink(path_.c_str());
+    ::close((int)handle_);  // closing the descriptor releases the flock
+    handle_ = -1;
 }
 
 std::optional<FileLock> FileLock::try_lock(const fs::path& path) {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) fail(ErrorKind::Io, "cannot create lock file {} ({})", path_utf8(path), std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        ::close(fd);
-        return std::nullopt;
+    for (int attempt = 0; attempt < 16; ++attempt) {
+        int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) fail(ErrorKind::Io, "cannot create lock file {} ({})", path_utf8(path), std::strerror(errno));
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            ::close(fd);
+            return std::nullopt;
+        }
+        struct stat held {}, named {};
+        if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+            FileLock l;
+            l.handle_ = fd;
+            l.path_ = path;
+            return l;
+        }
+        ::close(fd);  // the file was removed (released by its holder) after it was opened here: again
     }
-    FileLock l;
-    l.handle_ = fd;
-    return l;
+    return std::nullopt;
 }
 
 // ---- network

@@ -280,17 +280,11 @@ void write_file_atomic(const fs::path& path, std::span<const uint8_t> bytes) {
 
 // ---- FileLock
 
-FileLock::~FileLock() {
-    if (handle_ != -1) CloseHandle((HANDLE)handle_);  // closing the handle releases the lock
-}
-FileLock::FileLock(FileLock&& o) noexcept : handle_(o.handle_) { o.handle_ = -1; }
-FileLock& FileLock::operator=(FileLock&& o) noexcept {
-    if (this != &o) {
-        if (handle_ != -1) CloseHandle((HANDLE)handle_);
-        handle_ = o.handle_;
-        o.handle_ = -1;
-    }
-    return *this;
+void FileLock::release() noexcept {
+    if (handle_ == -1) return;
+    CloseHandle((HANDLE)handle_);  // closing the handle releases the lock
+    handle_ = -1;
+    DeleteFileW(path_.c_str());  // best effort: a process that holds it open keeps it until it closes it
 }
 
 std::optional<FileLock> FileLock::try_lock(const fs::path& path) {
@@ -304,6 +298,7 @@ std::optional<FileLock> FileLock::try_lock(const fs::path& path) {
     }
     FileLock l;
     l.handle_ = (intptr_t)h;
+    l.path_ = path;
     return l;
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "models/lora_targets.h"
 #include "models/model_files.h"
 #include "models/vae/placed_taesd.h"
 #include "placement/devices.h"
@@ -82,12 +83,47 @@ FamilyBase::VaeHeaders FamilyBase::read_vae_headers(const VaeExpect& e) {
     return h;
 }
 
+void FamilyBase::take_taesd() {
+    if (files_.taesd.empty()) return;
+    std::error_code ec;
+    if (!std::filesystem::exists(platform::u8path(files_.taesd), ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files_.taesd);
+    taesd_path_ = files_.taesd;
+}
+
+FamilyBase::OpenedVae FamilyBase::open_vae(const VaeExpect& e) {
+    take_taesd();
+    OpenedVae o;
+    if (!vae_src_.empty() || taesd_path_.empty()) {
+        const VaeHeaders vh = read_vae_headers(e);
+        o.kl = vh.kl;
+        o.spatial_factor = vh.cfg.spatial_factor();
+        o.scaling = vh.scaling;
+        o.shift = vh.shift;
+    }
+    return o;
+}
+
 std::vector<std::pair<int64_t, int64_t>> FamilyBase::encode_sizes() const {
     return vae::encode_sizes_at(opt_.vae_encode_sizes, size_multiple());
 }
 
 void FamilyBase::add_vae(VaeSetup setup) {
     vae_ = std::move(setup);
+    if (decodes_with_taesd()) {
+        // the decoder's first convolution takes the latent channels: checked from the headers now
+        const auto ti = open_index(taesd_path_, "--taesd");
+        const vae::TaesdSource ts = vae::find_taesd(*ti);
+        if (!ts.decoder_prefix) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder; pass {}", taesd_path_, vae_.taesd_kind);
+        int64_t channels = 0;
+        for (const vae::TaesdLayer& l : vae::parse_taesd_layers(*ti, *ts.decoder_prefix, vae::TaesdPart::Decoder))
+            if (l.kind == vae::TaesdLayer::Kind::Conv) {
+                channels = l.in;
+                break;
+            }
+        if (channels != vae_.taesd_channels)
+            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; {} have {} channels: pass {}", taesd_path_, channels,
+                 vae_.taesd_latents.empty() ? name() + " latents" : vae_.taesd_latents, vae_.taesd_channels, vae_.taesd_kind);
+    }
     const auto no_vae = [this] {
         if (!vae_.kl) fail(ErrorKind::ModelMismatch, "no VAE: pass one with --vae FILE");
     };
@@ -104,9 +140,8 @@ void FamilyBase::add_vae(VaeSetup setup) {
         auto d = std::make_unique<DecoderWhole>();
         d->runner = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
         if (decodes_with_taesd()) {
-            d->taesd_index = open_index(vae_.taesd_path, "--taesd");
-            d->taesd = vae::TinyAutoencoder::load(*d->taesd_index, d->runner->backend());
-            if (vae_.check_taesd) vae_.check_taesd(*d->taesd);
+            d->taesd_index = open_index(taesd_path_, "--taesd");
+            d->taesd = vae::TinyAutoencoder::load(*d->taesd_index, d->runner->backend());  // (its kind checked in add_vae)
             return d;
         }
         no_vae();
@@ -121,7 +156,7 @@ void FamilyBase::add_vae(VaeSetup setup) {
     dh.files = [this]() -> std::vector<std::string> {
         std::vector<std::string> r;
         if (decodes_with_taesd()) {
-            r.push_back(vae_.taesd_path);
+            r.push_back(taesd_path_);
             if (vae_.taesd_reads_vae_file) r.push_back(vae_src_.path);
             return r;
         }
@@ -135,7 +170,7 @@ void FamilyBase::add_vae(VaeSetup setup) {
             out.push_back(vae::vae_decoder_costs(vae_source(), opt_.threads, vae_.flash_attn, s * h, s * w,
                                                        vae::planned_tiling(opt_.vae_tile, vae_.tile_factor)));
         if (decodes_with_taesd()) {  // --taesd: the TAESD decoder is the vae module (run whole, untiled)
-            auto ti = open_index(vae_.taesd_path, "--taesd");
+            auto ti = open_index(taesd_path_, "--taesd");
             out.push_back(vae::taesd_decoder_costs(*ti, s * h, s * w));
         }
         return out;
@@ -192,7 +227,22 @@ vae::HostTensor FamilyBase::decode_kl(const vae::HostTensor& z, const vae::Tilin
     return dec_->whole()->kl->decode(z, tiling, ex);
 }
 
+vae::HostTensor FamilyBase::decode_scaled(const vae::HostTensor& latent, const vae::TilingOptions& tiling, float scaling, float shift) {
+    load(Module::VaeDecoder);
+    if (decodes_with_taesd()) return decode_taesd(latent);
+    vae::HostTensor z = latent;
+    if (shift != 0.0f)
+        for (auto& v : z.data) v = v / scaling + shift;
+    else
+        for (auto& v : z.data) v /= scaling;
+    return decode_kl(z, tiling);
+}
+
 vae::LatentDist FamilyBase::encode_kl(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
+    if (!vae_.kl && decodes_with_taesd())
+        fail(ErrorKind::InvalidInput,
+             "an init image (-i) is encoded with the VAE encoder, and --taesd {} only decodes: pass {} with --vae FILE for img2img", taesd_path_,
+             vae_.vae_needed);
     load(Module::VaeEncoder);
     if (auto* p = enc_->placed()) return p->encode(image, tiling);
     vae::ExecOptions ex;
@@ -252,6 +302,23 @@ void FamilyBase::set_loras(const std::vector<lora::OpenedLora>& loras, lora::App
     }
     lora_reg_ = nn::register_patches(std::move(entries));
     lora_key_ = std::move(key);
+}
+
+void FamilyBase::add_qwen3_lora_targets(LoraTargets& t, const io::WeightIndex& index, std::unique_ptr<io::WeightIndex> own,
+                                        const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& cfg) {
+    qwen3::Qwen3Model q(cfg);
+    lora::add_qwen3_targets(t.km, 0, q, cfg);
+    t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(index, keys, cfg));
+    if (own) t.own.push_back(std::move(own));
+}
+
+qwen3::Qwen3RunOptions FamilyBase::qwen3_run_options() const {
+    qwen3::Qwen3RunOptions ro;
+    ro.device = opt_.te_device;
+    ro.threads = opt_.threads;
+    ro.weight_type = weight_type_;
+    ro.flash_attn = opt_.flash_attn_te;
+    return ro;
 }
 
 void FamilyBase::lora_targets(LoraTargets&) {

@@ -1,7 +1,9 @@
 // FamilyBase: the Family interface implemented once over a ModuleSet (module_set.h), plus the
 // parts every family shares: the options and --type, the diffusion model's and the VAE's weight
 // indexes, and the VAE modules (AutoencoderKL decoder and encoder, whole or placed, and a
-// TAESD / TAEF2 decoder).
+// TAESD / TAEF2 decoder, checked against the family when the model is opened); the --taesd /
+// VAE header reading (open_vae), the un-scaling decode (decode_scaled) and the Qwen3 text
+// encoder's run options and LoRA targets (Z-Image, FLUX.2 Klein).
 //
 // A family derives from it and describes only what is its own: in open(), its sources
 // (resolve_sources), header checks and configuration, its module slots (modules_.add for te and
@@ -16,6 +18,7 @@
 #include "nn/weight_patch.h"
 #include "models/family.h"
 #include "models/module_set.h"
+#include "models/qwen3/qwen3.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/placed_decoder.h"
 #include "models/vae/placed_encoder.h"
@@ -86,6 +89,14 @@ protected:
     /// modules' TensorSources): the text encoders only when their files are given. The default
     /// throws Error(Unsupported).
     virtual void lora_targets(LoraTargets& t);
+    /// Adds a Qwen3 text encoder (Z-Image, FLUX.2 Klein) to `t` as component "qwen3", te 0: its
+    /// Block tree built from `cfg`, its stored weights found in `index` by `keys`; `own` (the
+    /// index, when it is a file of its own) is kept in t.own.
+    static void add_qwen3_lora_targets(LoraTargets& t, const io::WeightIndex& index, std::unique_ptr<io::WeightIndex> own,
+                                       const qwen3::Qwen3Keys& keys, const qwen3::Qwen3Config& cfg);
+    /// The run options of a Qwen3 text encoder loaded whole: FamilyOptions' te device, threads
+    /// and te flash attention, and --type.
+    qwen3::Qwen3RunOptions qwen3_run_options() const;
 
     /// Keeps the files and options and parses --type (Error(InvalidInput) for a bad one).
     FamilyBase(const ModelFiles& files, const FamilyOptions& opt);
@@ -135,21 +146,42 @@ protected:
         int tile_factor = 8;
         /// VAE latent cells per sampler latent cell along each axis (FLUX.2's patchified latent: 2).
         int latent_scale = 1;
-        /// --taesd: a tiny autoencoder decodes instead of the KL decoder ("" = none).
-        std::string taesd_path;
         /// module_files(VaeDecoder) lists the VAE's file after TAESD's (FLUX.2: its latent statistics).
         bool taesd_reads_vae_file = false;
-        /// Refuses a TAESD of the wrong kind once loaded (Error(ModelMismatch)).
-        std::function<void(const vae::TinyAutoencoder&)> check_taesd;
+        /// With --taesd (taesd_path_): the latent channels its decoder must take (SD 4, FLUX.1 and
+        /// Z-Image 16, FLUX.2 32), the latents' name for the refusal ("" = name() + " latents")
+        /// and the tiny autoencoder to pass instead ("TAEF1 (taef1_decoder)").
+        int64_t taesd_channels = 4;
+        std::string taesd_latents{}, taesd_kind{};
+        /// The VAE to pass for img2img when only --taesd is given: "the FLUX.1 VAE (ae.safetensors)".
+        std::string vae_needed = "a VAE";
     };
     /// Registers the VaeDecoder and VaeEncoder slots (after te and diffusion: the slot order).
+    /// With --taesd, first reads the TAESD file's headers and refuses (Error(ModelMismatch)) one
+    /// without a decoder or whose decoder takes other than setup.taesd_channels latent channels:
+    /// when the model is opened, before any stage runs (a TAEF2 given to SD fails here, not
+    /// after the denoising).
     /// The KL decoder and encoder load whole on FamilyOptions::vae_device, or as
     /// vae::PlacedVaeDecoder / PlacedVaeEncoder under the placement's vae entry; a TAESD
     /// decoder always loads whole. Costs: the KL decoder at the job's latent (x latent_scale) and
     /// planned tiling, or the TAESD decoder at the same latent untiled.
     void add_vae(VaeSetup setup);
     /// True when a TAESD decodes (--taesd).
-    bool decodes_with_taesd() const { return !vae_.taesd_path.empty(); }
+    bool decodes_with_taesd() const { return !taesd_path_.empty(); }
+    /// Takes --taesd (files_.taesd) into taesd_path_. Throws Error(Io) when it names nothing.
+    void take_taesd();
+    /// What open_vae() read: the AutoencoderKL (absent: --taesd alone) and its configuration's
+    /// spatial factor and scaling / shift (nullopt: the VAE's config.json gives none).
+    struct OpenedVae {
+        std::optional<vae::KLSource> kl;
+        int spatial_factor = 8;
+        std::optional<float> scaling, shift;
+    };
+    /// take_taesd(), then the VAE's headers (read_vae_headers(e)) unless --taesd is given without
+    /// a VAE: then the tiny autoencoder decodes, nothing is read and there is no VAE encoder
+    /// (img2img says so), the spatial factor staying 8 (FLUX.1's VAE, the one TAEF1 mirrors).
+    /// Throws as take_taesd() and read_vae_headers().
+    OpenedVae open_vae(const VaeExpect& e);
     /// Decodes a raw VAE latent [N, L, h, w] with the loaded TAESD decoder (call load(VaeDecoder)
     /// first). Under placement flags its plan (the vae row) and measured peak are recorded.
     vae::HostTensor decode_taesd(const vae::HostTensor& z);
@@ -157,7 +189,14 @@ protected:
     /// decoder, whole or placed, tiled as `tiling` says -> image [N, 3, h f, w f].
     vae::HostTensor decode_kl(const vae::HostTensor& z, const vae::TilingOptions& tiling);
     /// Loads the VAE encoder and encodes an image [N, 3, H, W] in [-1, 1] -> raw posterior.
+    /// Throws Error(InvalidInput) when --taesd is given without a VAE (a TAESD only decodes),
+    /// naming VaeSetup::vae_needed; Error(ModelMismatch) when there is no VAE at all.
     vae::LatentDist encode_kl(const vae::HostTensor& image, const vae::TilingOptions& tiling);
+    /// A diffusion-space latent [N, C, h, w] -> image [N, 3, h f, w f]: loads the VaeDecoder;
+    /// a TAESD (--taesd) decodes the latent as it is (TAESD / TAESDXL / TAEF1 take the scaled
+    /// latent), else the KL decoder decodes latent / scaling + shift (diffusers' un-scaling; the
+    /// shift only when not 0), tiled as `tiling` says.
+    vae::HostTensor decode_scaled(const vae::HostTensor& latent, const vae::TilingOptions& tiling, float scaling, float shift);
     /// Where the AutoencoderKL lies, for the placed decoder / encoder and their costs.
     vae::VaeDecoderSource vae_source() const;
 
@@ -165,6 +204,7 @@ protected:
     FamilyOptions opt_;
     ggml_type weight_type_ = GGML_TYPE_COUNT;  ///< --type (GGML_TYPE_COUNT keeps the stored types)
     ModuleSource dit_src_, vae_src_;          ///< the diffusion model's and the VAE's sources
+    std::string taesd_path_;                  ///< --taesd: a tiny autoencoder decodes ("" = the KL decoder)
     std::unique_ptr<io::WeightIndex> dit_idx_, vae_idx_;  ///< their indexes (vae_idx_ null: the VAE is in dit_idx_'s file)
     ModuleSet modules_;
 

@@ -63,6 +63,14 @@ std::vector<std::string> inapplicable_flag_warnings(const GenerateParams& p, con
         w.push_back(fmt::format("--prediction {}: {} is a flow-matching model with a fixed prediction (the velocity); the flag "
                                 "overrides SD1.x/SD2.x's eps / v only and is not used",
                                 p.prediction, fam.name()));
+    if (p.flow_shift != 0.0f && !fam.model_sampling().is_flow())
+        w.push_back(fmt::format("--flow-shift {}: {} is not a flow-matching model (its prediction is {}); the flag shifts the schedules of "
+                                "flow models (Z-Image, FLUX) only and is not used",
+                                p.flow_shift, fam.name(), sampling::prediction_name(fam.model_sampling().prediction())));
+    if (p.clip_skip > 0 && fam.defaults().clip_skip <= 0)
+        w.push_back(fmt::format("--clip-skip {}: {} takes no hidden layer of a CLIP text encoder (clip skip acts on SD1.x/SD2.x/SDXL), so "
+                                "it is not used",
+                                p.clip_skip, fam.name()));
     if (p.vae_tiling && p.vae_relative_tile_size.empty()) {
         int tx = 0, ty = 0;
         if (std::sscanf(p.vae_tile_size.c_str(), "%dx%d", &tx, &ty) == 2 && ty != tx)

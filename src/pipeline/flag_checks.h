@@ -21,6 +21,8 @@ std::vector<std::string> placement_entry_warnings(const GenerateParams& p);
 /// The warnings for the flags of `p` that `fam` does not use, one line each, without the
 /// "warning:" prefix: --guidance on a family without a distilled-guidance input
 /// (Family::uses_guidance), --prediction on a flow-matching family (its prediction is fixed),
+/// --flow-shift on a family that is not flow-matching (SD1.x/SD2.x, SDXL), --clip-skip on a family
+/// whose conditioning takes no CLIP hidden layer (defaults().clip_skip 0: Z-Image, FLUX),
 /// --vae-tile-size XxY with Y != X (easel's VAE tiles are square: X is used), and
 /// placement_entry_warnings(). Empty when
 /// every flag applies. Throws nothing.

@@ -28,6 +28,7 @@
 #include "sampling/sampler.h"
 #include "text/embeddings.h"
 #include "text/prompt_syntax.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cctype>
@@ -163,38 +164,10 @@ void release(models::Family& fam, const Setup& s, Module m) {
     if (!s.keep_loaded) fam.unload(m);
 }
 
-/// Byte offset of the first byte of `s` that does not start or continue a well-formed UTF-8
-/// sequence (Unicode 15, table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF;
-/// a sequence cut off at the end gives its lead byte), or std::string::npos when all of `s` is well-formed.
-size_t first_invalid_utf8(std::string_view s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const auto b = (unsigned char)s[i];
-        int n = 0;
-        unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-        if (b < 0x80) { ++i; continue; }
-        if (b >= 0xC2 && b <= 0xDF) n = 1;
-        else if (b == 0xE0) { n = 2; lo = 0xA0; }
-        else if (b == 0xED) { n = 2; hi = 0x9F; }
-        else if (b >= 0xE1 && b <= 0xEF) n = 2;
-        else if (b == 0xF0) { n = 3; lo = 0x90; }
-        else if (b == 0xF4) { n = 3; hi = 0x8F; }
-        else if (b >= 0xF1 && b <= 0xF3) n = 3;
-        else return i;
-        for (int k = 1; k <= n; ++k) {
-            if (i + k >= s.size()) return i;  // cut off at the end: the lead byte starts no whole character
-            const auto c = (unsigned char)s[i + k];
-            if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i + k;
-        }
-        i += n + 1;
-    }
-    return std::string::npos;
-}
-
 /// Refuses a prompt that is not UTF-8 (the tokenizers and the PNG metadata need text): one line
 /// with the flag, the byte and its offset. Throws Error(InvalidInput).
 void check_utf8(const std::string& text, const char* flag) {
-    const size_t at = first_invalid_utf8(text);
+    const size_t at = text::first_invalid_utf8(text);
     if (at == std::string::npos) return;
     fail(ErrorKind::InvalidInput, "{} is not valid UTF-8 (byte 0x{:02X} at offset {}): pass UTF-8 text", flag,
          (unsigned)(unsigned char)text[at], at);
@@ -209,7 +182,10 @@ Setup resolve(const GenerateParams& params) {
         if (p.model.empty()) fail(ErrorKind::InvalidInput, "no model given: pass -m MODEL (a checkpoint file or a diffusers folder)");
         log::info("no -m given: using the bundled demo model {}", p.model);
     }
-    if (!std::isfinite(p.cfg_scale)) fail(ErrorKind::InvalidInput, "--cfg-scale must be a finite number");
+    // (a scale such as 1e30 would reach the sampler and come back as "the model gave NaN")
+    if (!(p.cfg_scale >= 0.0f && p.cfg_scale <= kMaxCfgScale))
+        fail(ErrorKind::InvalidInput, "--cfg-scale {} is outside 0..{}: pass a guidance scale such as 7 (SD), or 1 (CFG off: distilled models)",
+             p.cfg_scale, kMaxCfgScale);
     if (!std::isfinite(p.eta) || p.eta < 0) fail(ErrorKind::InvalidInput, "--eta must be a finite number >= 0, got {}", p.eta);
     if (!std::isfinite(p.flow_shift)) fail(ErrorKind::InvalidInput, "--flow-shift must be a finite number");
     // image b uses seed + b: the last one must still be a valid (non-negative) int64 seed
@@ -1235,8 +1211,8 @@ GenerateReport Generator::run(const GenerateParams& params, const ProgressFn& pr
 
     // Output folders must exist before hours of work.
     warn_output_pattern(p.output);
-    (void)output_format(platform::u8path(p.output));  // .webp: refused before anything runs
     for (int b = 0; b < p.batch_count; ++b) check_output_folder(batch_output_path(p.output, b, p.batch_count, p.output_begin_idx), "-o");
+    (void)check_output_path(platform::u8path(p.output), "-o");  // .webp, .bmp: refused before anything runs; no extension: warned
     const auto checkpoint_lock = prepare_checkpoint_dir(p);
     check_vae_tiling_impl(p);
     if (!p.save_latent.empty()) check_output_folder(p.save_latent, "--save-latent");
@@ -1611,8 +1587,8 @@ std::vector<std::string> run_stage(Stage stage, const GenerateParams& params, co
     }
     case Stage::Decode: {
         need(p.load_latent, "--load-latent FILE (from `easel denoise`)");
-        (void)output_format(platform::u8path(p.output));
         check_output_folder(p.output, "-o");
+        (void)check_output_path(platform::u8path(p.output), "-o");
         auto upscaler = open_upscaler(p, s.threads);
         auto fam = open_model(s);
         LoadedLatent z = load_latent(platform::u8path(p.load_latent), *fam);

@@ -10,6 +10,10 @@
 
 namespace easel::pipeline {
 
+/// Largest --cfg-scale accepted (the server's cfg_scale range is 0..100 too): far above any useful
+/// guidance (1 to about 30), well below where the guided prediction overflows float.
+inline constexpr float kMaxCfgScale = 100.0f;
+
 /// Everything `easel generate` (and sd-cli-style flat invocations) accepts.
 /// Sizes are pixels; strengths and scales are unitless; seed -1 means "random, printed".
 struct GenerateParams {
@@ -37,7 +41,7 @@ struct GenerateParams {
     std::string embd_dir;         ///< --embd-dir: textual-inversion embeddings named in the prompt by file name
 
     // sampling
-    float cfg_scale = 7.0f;       ///< --cfg-scale
+    float cfg_scale = 7.0f;       ///< --cfg-scale, 0..kMaxCfgScale
     float guidance = 3.5f;        ///< --guidance (distilled-guidance models)
     /// --guidance was given: a family without a guidance input (Family::uses_guidance) warns once.
     bool guidance_given = false;

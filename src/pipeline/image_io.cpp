@@ -1,6 +1,7 @@
 #include "pipeline/image_io.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/platform.h"
 #include "text/unicode.h"
 
@@ -37,6 +38,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <system_error>
 
 namespace easel::pipeline {
@@ -232,10 +234,23 @@ ImageFormat output_format(const std::filesystem::path& path) {
     std::string ext = platform::path_utf8(path.extension());
     for (auto& c : ext) c = (char)std::tolower((unsigned char)c);
     if (ext == ".jpg" || ext == ".jpeg" || ext == ".jpe") return ImageFormat::Jpeg;
-    if (ext == ".webp")
-        fail(ErrorKind::Unsupported, "{}: this build has no WebP writer; write .png (the parameters in its text chunks) or .jpg/.jpeg",
-             platform::path_utf8(path));
-    return ImageFormat::Png;
+    if (ext.empty() || ext == ".png") return ImageFormat::Png;
+    // an image format easel does not write (.bmp, .webp, ...) or a name such as out.v2: refused
+    // rather than a PNG under a name that says otherwise
+    static const std::pair<const char*, const char*> known[] = {{".webp", "WebP"}, {".bmp", "BMP"},  {".gif", "GIF"},  {".tif", "TIFF"},
+                                                                {".tiff", "TIFF"}, {".avif", "AVIF"}, {".heic", "HEIC"}, {".jxl", "JPEG XL"}};
+    std::string kind = "\"" + ext + "\"";
+    for (auto [e, name] : known)
+        if (ext == e) kind = name;
+    fail(ErrorKind::Unsupported, "{}: this build has no {} writer: name the output .png (PNG, the parameters in its text chunks) or .jpg/.jpeg (JPEG)",
+         platform::path_utf8(path), kind);
+}
+
+ImageFormat check_output_path(const std::filesystem::path& path, const char* flag) {
+    const ImageFormat f = output_format(path);
+    if (path.extension().empty())
+        log::warn("{} {}: no file extension: writing PNG under that name (name it .png, or .jpg/.jpeg for JPEG)", flag, platform::path_utf8(path));
+    return f;
 }
 
 void save_image(const std::filesystem::path& path, const Image& image, std::span<const PngTextEntry> texts) {

@@ -71,9 +71,15 @@ std::vector<uint8_t> encode_jpeg(const Image& image, int quality = 90, std::stri
 /// The file formats easel writes images in.
 enum class ImageFormat { Png, Jpeg };
 /// The format of an output path, from its extension (case-insensitive): .jpg / .jpeg / .jpe:
-/// JPEG; anything else (.png, none, ...): PNG. Throws Error(Unsupported) for .webp (no WebP
-/// writer in this build), naming the formats that are written.
+/// JPEG; .png or no extension: PNG (as sd-cli). Throws Error(Unsupported) for any other
+/// extension (.webp, .bmp, out.v2 ...: no writer for it in this build), naming the formats that
+/// are written.
 ImageFormat output_format(const std::filesystem::path& path);
+
+/// output_format(path) checked before a job runs, for the output named by `flag` ("-o"): throws
+/// its Error(Unsupported); a name without an extension gets one warning (PNG is written under
+/// that name).
+ImageFormat check_output_path(const std::filesystem::path& path, const char* flag);
 
 /// Writes `image` atomically in output_format(path): PNG with `texts` as text chunks (save_png),
 /// or JPEG at quality 90 with the "parameters" text (A1111's infotext) as its comment (cut to

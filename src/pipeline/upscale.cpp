@@ -136,8 +136,8 @@ std::string format_upscale_report(const ImageUpscaler& up, const UpscaleReport& 
 
 UpscaleReport upscale_file(const std::string& input, const std::string& output, const UpscaleOptions& opt) {
     if (input.empty()) fail(ErrorKind::InvalidInput, "upscale needs an image: pass -i IMAGE");
-    (void)output_format(platform::u8path(output));  // .webp: refused before the upscaler loads
     check_output_folder(output, "-o");
+    (void)check_output_path(platform::u8path(output), "-o");  // .webp, .bmp: refused before the upscaler loads
     ImageUpscaler up(opt);
     Image img = load_image(input, 4);
     bool alpha = false;

@@ -130,6 +130,31 @@ std::string utf8_encode(std::u32string_view s) {
     return out;
 }
 
+size_t first_invalid_utf8(std::string_view s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const auto b = (unsigned char)s[i];
+        int n = 0;
+        unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+        if (b < 0x80) { ++i; continue; }
+        if (b >= 0xC2 && b <= 0xDF) n = 1;
+        else if (b == 0xE0) { n = 2; lo = 0xA0; }
+        else if (b == 0xED) { n = 2; hi = 0x9F; }
+        else if (b >= 0xE1 && b <= 0xEF) n = 2;
+        else if (b == 0xF0) { n = 3; lo = 0x90; }
+        else if (b == 0xF4) { n = 3; hi = 0x8F; }
+        else if (b >= 0xF1 && b <= 0xF3) n = 3;
+        else return i;
+        for (int k = 1; k <= n; ++k) {
+            if (i + k >= s.size()) return i;  // cut off at the end: the lead byte starts no whole character
+            const auto c = (unsigned char)s[i + k];
+            if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return i + k;
+        }
+        i += n + 1;
+    }
+    return std::string::npos;
+}
+
 bool utf8_valid(std::string_view s) {
     const std::u32string d = utf8_decode(s);
     return utf8_encode(d) == s;

@@ -24,6 +24,11 @@ void utf8_append(std::string& out, char32_t cp);
 /// Encodes a code-point string as UTF-8.
 std::string utf8_encode(std::u32string_view s);
 
+/// Byte offset of the first byte of `s` that does not start or continue a well-formed UTF-8
+/// sequence (Unicode 15, table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF;
+/// a sequence cut off at the end gives its lead byte), or std::string::npos when all of `s` is well-formed.
+size_t first_invalid_utf8(std::string_view s);
+
 /// True if `s` is well-formed UTF-8.
 bool utf8_valid(std::string_view s);
 

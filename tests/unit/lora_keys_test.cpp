@@ -45,53 +45,20 @@ void pair(std::vector<TensorInfo>& v, const std::string& m, int64_t out, int64_t
     }
 }
 
+// The full-size configurations (the real models' config.json values)
 models::clip::ClipConfig clip_l() {
-    models::clip::ClipConfig c;
-    c.vocab = 49408;
-    c.width = 768;
-    c.layers = 12;
-    c.positions = 77;
-    c.intermediate = 3072;
-    c.heads = 12;
-    return c;
+    return {.vocab = 49408, .width = 768, .layers = 12, .positions = 77, .intermediate = 3072, .heads = 12};
 }
 
-models::t5::T5Config t5_xxl() {
-    models::t5::T5Config c;
-    c.vocab = 32128;
-    c.d_model = 4096;
-    c.d_kv = 64;
-    c.heads = 64;
-    c.d_ff = 10240;
-    c.layers = 24;
-    return c;
-}
+models::t5::T5Config t5_xxl() { return {.vocab = 32128, .d_model = 4096, .d_kv = 64, .heads = 64, .d_ff = 10240, .layers = 24}; }
 
 models::qwen3::Qwen3Config qwen3_4b() {
-    models::qwen3::Qwen3Config c;
-    c.vocab = 151936;
-    c.hidden = 2560;
-    c.layers = 36;
-    c.heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.intermediate = 9728;
-    return c;
+    return {.vocab = 151936, .hidden = 2560, .layers = 36, .heads = 32, .kv_heads = 8, .head_dim = 128, .intermediate = 9728};
 }
 
 models::zimage::ZImageDiTConfig zimage_full() {
-    models::zimage::ZImageDiTConfig c;
-    c.dim = 3840;
-    c.n_heads = 30;
-    c.n_kv_heads = 30;
-    c.head_dim = 128;
-    c.ffn_hidden = 10240;
-    c.n_layers = 30;
-    c.n_noise_refiner = 2;
-    c.n_context_refiner = 2;
-    c.cap_feat_dim = 2560;
-    c.adaln_dim = 256;
-    return c;
+    return {.dim = 3840, .n_heads = 30, .n_kv_heads = 30, .head_dim = 128, .ffn_hidden = 10240, .n_layers = 30, .n_noise_refiner = 2,
+            .n_context_refiner = 2, .cap_feat_dim = 2560, .adaln_dim = 256};
 }
 
 models::flux::Flux2DiTConfig klein(bool nine_b) {
@@ -154,6 +121,12 @@ Fit fit(const std::vector<TensorInfo>& ts, const KeyMap& km) {
     return f;
 }
 
+// Every module of the fit found its layer, with the right shape.
+void expect_all_mapped(const Fit& f, const std::string& what) {
+    EXPECT_TRUE(f.m.unmapped.empty()) << what << ": " << f.m.unmapped.size() << " unmapped, e.g. " << f.m.unmapped[0];
+    EXPECT_TRUE(f.m.mismatched.empty()) << what << ": " << f.m.mismatched[0];
+}
+
 std::string refusal(const std::vector<TensorInfo>& ts, const KeyMap& km, const ModelInfo& info) {
     Fit f = fit(ts, km);
     try {
@@ -189,8 +162,7 @@ TEST(LoraKeys, EveryKeyOfTheFlux1ListsMaps) {
         Fit f = fit(ts, model.km);
         EXPECT_EQ(f.parsed.patches.size(), c.patches) << c.file;
         EXPECT_TRUE(f.parsed.unknown.empty()) << c.file;
-        EXPECT_TRUE(f.m.unmapped.empty()) << c.file << ": " << f.m.unmapped.size() << " unmapped, e.g. " << f.m.unmapped[0];
-        EXPECT_TRUE(f.m.mismatched.empty()) << c.file << ": " << f.m.mismatched[0];
+        expect_all_mapped(f, c.file);
         EXPECT_EQ(f.m.mapped.size(), c.patches) << c.file;
         EXPECT_EQ(check_fit("x", ts, f.parsed, f.m, model.info()), "") << c.file;
     }
@@ -244,7 +216,7 @@ TEST(LoraKeys, ZImageLayouts) {
     ASSERT_EQ(ts.size(), 480u);
     Fit f = fit(ts, model.km);
     EXPECT_EQ(f.m.mapped.size(), 240u);
-    EXPECT_TRUE(f.m.unmapped.empty() && f.m.mismatched.empty());
+    expect_all_mapped(f, "ai-toolkit names");
     // original (fused qkv, attention.out) kohya names and a Qwen3 te LoRA
     std::vector<TensorInfo> o;
     pair(o, "lora_unet_layers_0_attention_qkv", 3 * 3840, 3840, "kohya");
@@ -254,7 +226,7 @@ TEST(LoraKeys, ZImageLayouts) {
     pair(o, "lora_te_layers_35_mlp_down_proj", 2560, 9728, "kohya");
     Fit g = fit(o, model.km);
     EXPECT_EQ(g.m.mapped.size(), 5u);
-    EXPECT_TRUE(g.m.unmapped.empty() && g.m.mismatched.empty()) << (g.m.mismatched.empty() ? g.m.unmapped[0] : g.m.mismatched[0]);
+    expect_all_mapped(g, "original kohya names");
     EXPECT_EQ(g.m.mapped[0].dest.size(), 3u);  // qkv -> to_q, to_k, to_v
     EXPECT_EQ(check_fit("z", o, g.parsed, g.m, model.info()), "");
 }
@@ -290,14 +262,14 @@ TEST(LoraKeys, KleinLayoutsAndSizes) {
     for (bool bfl : {true, false}) {
         auto l4 = klein_lora(3072, 5, 20, bfl);
         Fit f = fit(l4, k4.km);
-        EXPECT_TRUE(f.m.unmapped.empty() && f.m.mismatched.empty()) << bfl;
+        expect_all_mapped(f, bfl ? "4B, BFL names" : "4B, diffusers names");
         EXPECT_EQ(f.m.mapped.size(), f.parsed.patches.size());
         // a 4B LoRA on the 9B model: same family, another size
         const std::string r = refusal(l4, k9.km, k9.info());
         EXPECT_NE(r.find("targets FLUX.2 (hidden 3072), the model is FLUX.2 Klein (hidden 4096): it was made for another size"), std::string::npos) << r;
         auto l9 = klein_lora(4096, 8, 24, bfl);
         Fit g = fit(l9, k9.km);
-        EXPECT_TRUE(g.m.unmapped.empty() && g.m.mismatched.empty()) << bfl;
+        expect_all_mapped(g, bfl ? "9B, BFL names" : "9B, diffusers names");
     }
 }
 
@@ -344,8 +316,7 @@ TEST(LoraKeys, SdUNetAndClipNamingSchemes) {
     ts.push_back(ti("lora_unet_conv_norm_out.diff", {16}));
     ts.push_back(ti("lora_unet_conv_norm_out.diff_b", {16}));
     Fit f = fit(ts, km);
-    EXPECT_TRUE(f.m.unmapped.empty()) << f.m.unmapped[0];
-    EXPECT_TRUE(f.m.mismatched.empty()) << f.m.mismatched[0];
+    expect_all_mapped(f, "SD naming schemes");
     EXPECT_EQ(f.m.mapped.size(), 13u);
     const auto& u = km.components()[0];
     EXPECT_EQ(u.targets[(size_t)f.m.mapped[0].dest[0].target].name, "down_blocks.0.attentions.0.proj_in.weight");
@@ -447,15 +418,8 @@ TEST(LoraKeys, MalformedAndOldFormatsAreRefused) {
 TEST(LoraKeys, SdxlTextEncoderPrefixes) {
     // SDXL's kohya LoRAs name CLIP-L lora_te1_ and CLIP-G (OpenCLIP bigG in transformers names) lora_te2_;
     // diffusers text_encoder. / text_encoder_2. (the UNet side uses the UNet key map of SD1.x/2.x).
-    models::clip::ClipConfig g;
-    g.vocab = 49408;
-    g.width = 1280;
-    g.layers = 32;
-    g.positions = 77;
-    g.intermediate = 5120;
-    g.heads = 20;
-    g.projection = 1280;
-    g.act = models::clip::Activation::Gelu;
+    const models::clip::ClipConfig g{.vocab = 49408, .width = 1280, .layers = 32, .positions = 77, .intermediate = 5120, .heads = 20,
+                                     .projection = 1280, .act = models::clip::Activation::Gelu};
     models::clip::ClipTextModel l_model(clip_l()), g_model(g);
     KeyMap km;
     add_clip_targets(km, "clip_l", 0, l_model, clip_l());
@@ -467,7 +431,7 @@ TEST(LoraKeys, SdxlTextEncoderPrefixes) {
     pair(ts, "text_encoder.text_model.encoder.layers.0.mlp.fc1", 3072, 768, "peft", 8);
     Fit f = fit(ts, km);
     ASSERT_EQ(f.m.mapped.size(), 4u);
-    EXPECT_TRUE(f.m.unmapped.empty() && f.m.mismatched.empty());
+    expect_all_mapped(f, "SDXL te prefixes");
     const char* want[] = {"clip_l", "clip_g", "clip_g", "clip_l"};
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(km.components()[(size_t)f.m.mapped[i].component].name, want[i]) << i;
 }

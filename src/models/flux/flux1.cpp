@@ -313,20 +313,12 @@ std::unique_ptr<Flux1> Flux1::open(const ModelFiles& files, const FamilyOptions&
     ve.needed = "its VAE (16 latent channels, ae.safetensors)";
     ve.no_vae = ve.no_kl = "pass the FLUX.1 VAE (ae.safetensors) with --vae FILE";
     ve.wrong_channels = "FLUX.1 needs its 16-channel VAE (ae.safetensors)";
-    if (!files.taesd.empty()) {
-        std::error_code ec;
-        if (!fs::exists(platform::u8path(files.taesd), ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
-        m->taesd_path_ = files.taesd;
-    }
-    // --taesd alone (TAEF1, no --vae): the tiny autoencoder decodes; there is no VAE encoder
-    // (img2img says so), and the latent factor is FLUX.1's 8.
-    if (!m->vae_src_.empty() || m->taesd_path_.empty()) {
-        const VaeHeaders vh = m->read_vae_headers(ve);
-        m->kl_ = vh.kl;
-        m->spatial_factor_ = vh.cfg.spatial_factor();
-        m->scaling_factor_ = vh.scaling.value_or(m->scaling_factor_);
-        m->shift_factor_ = vh.shift.value_or(m->shift_factor_);
-    }
+    // (--taesd alone, TAEF1 with no --vae: nothing read, no VAE encoder, factor 8)
+    const OpenedVae ov = m->open_vae(ve);
+    m->kl_ = ov.kl;
+    m->spatial_factor_ = ov.spatial_factor;
+    m->scaling_factor_ = ov.scaling.value_or(m->scaling_factor_);
+    m->shift_factor_ = ov.shift.value_or(m->shift_factor_);
 
     // Noise process and the pipeline's schedule parameters.
     double shift = 1.0;
@@ -364,12 +356,7 @@ std::string Flux1::describe() const {
 }
 
 LatentFormat Flux1::latent_format() const {
-    LatentFormat f;
-    f.channels = 16;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = shift_factor_;
-    return f;
+    return {.channels = 16, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = shift_factor_};
 }
 
 const sampling::ModelSampling& Flux1::model_sampling() const { return *ms_; }
@@ -557,18 +544,9 @@ void Flux1::add_modules() {
     dit_ = &modules_.add<DiTWhole, PlacedDiT>(Module::Diffusion, std::move(dh));
 
     // vae: the 16-channel FLUX.1 AutoencoderKL on the job's latent (factor 8)
-    VaeSetup v;
-    v.kl = kl_;
-    v.tile_factor = spatial_factor_;
-    // --taesd: TAEF1 (a 16-channel tiny autoencoder) decodes instead of the KL decoder
-    v.taesd_path = taesd_path_;
-    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
-        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF1: taef1_decoder)", taesd_path_);
-        if (t.latent_channels() != 16)
-            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; FLUX.1 latents have 16 channels: pass TAEF1 (taef1_decoder)",
-                 taesd_path_, t.latent_channels());
-    };
-    add_vae(std::move(v));
+    // (--taesd: TAEF1, a 16-channel tiny autoencoder, decodes instead of the KL decoder)
+    add_vae({.kl = kl_, .tile_factor = spatial_factor_, .taesd_channels = 16, .taesd_kind = "TAEF1 (taef1_decoder)",
+             .vae_needed = "the FLUX.1 VAE (ae.safetensors)"});
 }
 
 Conditioning Flux1::encode_prompt(const std::string& prompt, int /*clip_skip*/) {
@@ -694,22 +672,11 @@ void Flux1::diffusion(std::span<const float> x, std::span<const float> concat, i
 
 vae::HostTensor Flux1::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != 16) fail(ErrorKind::InvalidInput, "latent has {} channels; FLUX.1 latents have 16", latent.c);
-    load(Module::VaeDecoder);
     // TAEF1 decodes the latent the DiT works in, (raw - shift) x scale: diffusers' AutoencoderTiny
     // config for it has scaling 1 and shift 0; ComfyUI feeds its decoder (raw - 0.1159) x 0.3611
-    if (decodes_with_taesd()) return decode_taesd(latent);
-    vae::HostTensor z = latent;
-    for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
-    return decode_kl(z, tiling);
+    return decode_scaled(latent, tiling, scaling_factor_, shift_factor_);
 }
 
-vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
-    if (!kl_)
-        fail(ErrorKind::InvalidInput,
-             "an init image (-i) is encoded with the VAE encoder, and --taesd {} only decodes: pass the FLUX.1 VAE (ae.safetensors) "
-             "with --vae FILE for img2img",
-             taesd_path_);
-    return encode_kl(image, tiling);
-}
+vae::LatentDist Flux1::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }
 
 }  // namespace easel::models::flux

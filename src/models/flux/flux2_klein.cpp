@@ -237,11 +237,7 @@ std::unique_ptr<Flux2Klein> Flux2Klein::open(const ModelFiles& files, const Fami
     m->vae_src_ = rs.sources[1];
     m->te_src_ = rs.sources[2];
     m->model_desc_ = rs.model_desc;
-    if (!files.taesd.empty()) {
-        std::error_code ec;
-        if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
-        m->taesd_path_ = files.taesd;
-    }
+    m->take_taesd();
     if (m->distilled_src_.empty()) m->distilled_src_ = "assumed for single files";
 
     // Transformer configuration from its headers.
@@ -301,12 +297,7 @@ std::string Flux2Klein::describe() const {
 }
 
 LatentFormat Flux2Klein::latent_format() const {
-    LatentFormat f;
-    f.channels = dcfg_.in_channels;
-    f.spatial_factor = vae_factor_ * 2;
-    f.scaling_factor = 1.0f;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = dcfg_.in_channels, .spatial_factor = vae_factor_ * 2, .scaling_factor = 1.0f, .shift_factor = 0.0f};
 }
 
 const sampling::ModelSampling& Flux2Klein::model_sampling() const { return *ms_; }
@@ -538,10 +529,7 @@ void Flux2Klein::lora_targets(LoraTargets& t) {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, keys, qc);
-        qwen3::Qwen3Model q(qc);
-        lora::add_qwen3_targets(t.km, 0, q, qc);
-        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, keys, qc));
-        if (own) t.own.push_back(std::move(own));
+        add_qwen3_lora_targets(t, ti, std::move(own), keys, qc);
     }
     t.info = {"FLUX.2 Klein", dcfg_.hidden, "hidden"};
 }
@@ -554,11 +542,7 @@ void Flux2Klein::add_modules() {
         qwen3::Qwen3Keys keys;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, keys, qc);
-        qwen3::Qwen3RunOptions ro;
-        ro.device = opt_.te_device;
-        ro.threads = opt_.threads;
-        ro.weight_type = weight_type_;
-        ro.flash_attn = opt_.flash_attn_te;
+        qwen3::Qwen3RunOptions ro = qwen3_run_options();
         // hidden_states[27] is the raw output of layer 26 when the model has more than 27 layers:
         // 28 layers give the same value and the deeper ones are never read.
         const int max_index = kKleinTextLayers[2];
@@ -661,14 +645,10 @@ void Flux2Klein::add_modules() {
     v.kl = kl_;
     v.tile_factor = latent_format().spatial_factor;
     v.latent_scale = 2;
-    v.taesd_path = taesd_path_;
     v.taesd_reads_vae_file = true;
-    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
-        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF2: taef2_decoder)", taesd_path_);
-        if (t.latent_channels() * 4 != dcfg_.in_channels)
-            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; FLUX.2 needs TAEF2 ({} channels)", taesd_path_,
-                 t.latent_channels(), dcfg_.in_channels / 4);
-    };
+    v.taesd_channels = dcfg_.in_channels / 4;  // the VAE latent before the 2x2 patchify
+    v.taesd_latents = "FLUX.2 VAE latents";
+    v.taesd_kind = "TAEF2 (taef2_decoder)";
     add_vae(std::move(v));
 }
 

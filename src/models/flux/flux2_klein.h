@@ -190,7 +190,7 @@ private:
     struct PlacedDiT;  ///< the transformer under FamilyOptions::placement
 
     ModuleSource te_src_;
-    std::string taesd_path_, tokenizer_json_;
+    std::string tokenizer_json_;
     std::string model_desc_;
     bool distilled_ = true;
     std::string distilled_src_;

@@ -29,13 +29,6 @@ struct StableDiffusionXL::TeWhole {
 };
 
 /// The UNet on FamilyOptions::diffusion_device.
-struct StableDiffusionXL::UNetWhole {
-    std::unique_ptr<runtime::GraphRunner> runner;
-    std::unique_ptr<UNet2DCondition> net;
-    nn::ParamBuffer params;
-    size_t param_bytes() const { return params.size(); }
-};
-
 namespace {
 
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
@@ -150,11 +143,7 @@ std::unique_ptr<StableDiffusionXL> StableDiffusionXL::open(const ModelFiles& fil
             m->force_zeros_src_ = "model_index.json";
         }
     }
-    if (!files.taesd.empty()) {
-        std::error_code ec;
-        if (!fs::exists(platform::u8path(files.taesd), ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
-        m->taesd_path_ = files.taesd;
-    }
+    m->take_taesd();
 
     // UNet configuration from its headers.
     m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
@@ -257,12 +246,7 @@ std::string StableDiffusionXL::describe() const {
 }
 
 LatentFormat StableDiffusionXL::latent_format() const {
-    LatentFormat f;
-    f.channels = 4;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = 4, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = 0.0f};
 }
 
 SamplingDefaults StableDiffusionXL::defaults() const {
@@ -309,40 +293,10 @@ void StableDiffusionXL::add_modules() {
     te_ = &modules_.add<TeWhole>(Module::Te, std::move(th));
 
     // diffusion: the UNet
-    ModuleSlot<UNetWhole, PlacedUNet>::Hooks uh;
-    uh.load_whole = [this] {
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        auto u = std::make_unique<UNetWhole>();
-        u->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
-        nn::TensorSource src = make_unet_source(*dit_idx_, ucfg_);
-        u->net = std::make_unique<UNet2DCondition>(ucfg_);
-        u->params = nn::ParamBuffer::load(*u->net, src, u->runner->buffer_type(), lo);
-        return u;
-    };
-    uh.load_placed = [this] {
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        return std::make_unique<PlacedUNet>(*dit_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
-    };
-    uh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
-    uh.costs = [this](int64_t h, int64_t w) {
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        return std::vector<placement::ModuleCosts>{
-            unet_costs(*dit_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength)};
-    };
-    unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, std::move(uh));
+    unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, unet_slot_hooks(*dit_idx_, dit_src_, ucfg_, opt_, weight_type_, "SDXL"));
 
-    VaeSetup v;
-    v.kl = kl_;
-    v.flash_attn = opt_.flash_attn_te;
-    v.tile_factor = spatial_factor_;
-    v.taesd_path = taesd_path_;
-    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
-        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
-    };
-    add_vae(std::move(v));
+    add_vae({.kl = kl_, .flash_attn = opt_.flash_attn_te, .tile_factor = spatial_factor_, .taesd_kind = "TAESDXL (taesdxl_decoder)",
+             .vae_needed = "the SDXL VAE"});
 }
 
 Conditioning StableDiffusionXL::encode_prompt(const std::string& prompt, int clip_skip) {
@@ -457,7 +411,7 @@ void StableDiffusionXL::diffusion(std::span<const float> x, std::span<const floa
         in.context = g.input_f32("context", {cond.dim, cond.tokens, 1}, cond.context);
         in.text_embeds = g.input_f32("text_embeds", {cfg.add_text_dim, 1}, cond.pooled);
         in.time_ids = g.input_f32("time_ids", {cfg.add_time_ids, 1}, ids);
-        return std::vector<ggml_tensor*>{un.net->forward(c, in)};
+        return std::vector<ggml_tensor*>{un.unet.net->forward(c, in)};
     });
     unet_->note_compute(run.last_compute_bytes());
     std::copy(res[0].data.begin(), res[0].data.end(), out.begin());
@@ -465,11 +419,7 @@ void StableDiffusionXL::diffusion(std::span<const float> x, std::span<const floa
 
 vae::HostTensor StableDiffusionXL::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != 4) fail(ErrorKind::InvalidInput, "latent has {} channels; SDXL latents have 4", latent.c);
-    load(Module::VaeDecoder);
-    if (decodes_with_taesd()) return decode_taesd(latent);  // TAESDXL decodes the scaled latent
-    vae::HostTensor z = latent;
-    for (auto& v : z.data) v /= scaling_factor_;
-    return decode_kl(z, tiling);
+    return decode_scaled(latent, tiling, scaling_factor_, 0.0f);  // (TAESDXL decodes the scaled latent)
 }
 
 vae::LatentDist StableDiffusionXL::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }

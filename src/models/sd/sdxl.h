@@ -31,6 +31,7 @@
 #include "models/family_base.h"
 #include "models/sd/placed_unet.h"
 #include "models/sd/unet.h"
+#include "models/sd/unet_slot.h"
 #include "sampling/schedule.h"
 #include "text/clip_tokenizer.h"
 
@@ -102,10 +103,8 @@ private:
     /// Throws Error(ModelMismatch) naming the flag and the fix.
     std::pair<TeHeaders, TeHeaders> te_headers(std::unique_ptr<io::WeightIndex>& own1, std::unique_ptr<io::WeightIndex>& own2) const;
     struct TeWhole;    ///< both text encoders loaded whole
-    struct UNetWhole;  ///< the UNet loaded whole
 
     ModuleSource te1_src_, te2_src_;
-    std::string taesd_path_;
     std::optional<nlohmann::json> sched_cfg_;
     std::filesystem::path tok1_special_, tok2_special_;  ///< tokenizer folders' special tokens (diffusers folder)
     std::string model_desc_;

@@ -53,12 +53,6 @@ struct StableDiffusion::TeWhole {
 };
 
 /// The UNet on FamilyOptions::diffusion_device.
-struct StableDiffusion::UNetWhole {
-    std::unique_ptr<runtime::GraphRunner> runner;
-    LoadedUNet unet;
-    size_t param_bytes() const { return unet.params.size(); }
-};
-
 namespace {
 
 /// The text encoder of clip skip k as a model of its own: the first layers + 1 - k layers of
@@ -121,11 +115,7 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     m->vae_src_ = rs.sources[1];
     m->te_src_ = rs.sources[2];
     m->model_desc_ = rs.model_desc;
-    if (!files.taesd.empty()) {
-        std::error_code ec;
-        if (!fs::exists(files.taesd, ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
-        m->taesd_path_ = files.taesd;
-    }
+    m->take_taesd();
 
     // UNet configuration from its headers.
     m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
@@ -277,12 +267,7 @@ std::string StableDiffusion::describe() const {
 }
 
 LatentFormat StableDiffusion::latent_format() const {
-    LatentFormat f;
-    f.channels = 4;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = 0.0f;
-    return f;
+    return {.channels = 4, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = 0.0f};
 }
 
 SamplingDefaults StableDiffusion::defaults() const {
@@ -396,48 +381,11 @@ void StableDiffusion::add_modules() {
     te_ = &modules_.add<TeWhole, PlacedTe>(Module::Te, std::move(th));
 
     // diffusion: the UNet
-    ModuleSlot<UNetWhole, PlacedUNet>::Hooks uh;
-    uh.load_whole = [this] {
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        auto u = std::make_unique<UNetWhole>();
-        u->runner = std::make_unique<runtime::GraphRunner>(opt_.diffusion_device, opt_.threads);
-        try {
-            nn::TensorSource src = make_unet_source(*dit_idx_, ucfg_);
-            u->unet.net = std::make_unique<UNet2DCondition>(ucfg_);
-            u->unet.params = nn::ParamBuffer::load(*u->unet.net, src, u->runner->buffer_type(), lo);
-        } catch (const Error& e) {
-            if (e.kind() == ErrorKind::ModelMismatch)
-                fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",
-                     dit_src_.named(), e.what());
-            throw;
-        }
-        return u;
-    };
-    uh.load_placed = [this] {  // planned and loaded on the first evaluation (the plan needs the shapes)
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        return std::make_unique<PlacedUNet>(*dit_idx_, ucfg_, lo, *opt_.placement, opt_.threads, opt_.flash_attn_diffusion);
-    };
-    uh.files = [this]() -> std::vector<std::string> { return {dit_src_.path}; };
-    uh.costs = [this](int64_t h, int64_t w) {  // a batch-1 evaluation with a 77-token context
-        nn::LoadOptions lo;
-        lo.weight_type = weight_type_;
-        return std::vector<placement::ModuleCosts>{
-            unet_costs(*dit_idx_, ucfg_, lo, opt_.threads, opt_.flash_attn_diffusion, 1, h, w, text::ClipTokenizer::kMaxLength)};
-    };
-    unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, std::move(uh));
+    unet_ = &modules_.add<UNetWhole, PlacedUNet>(Module::Diffusion, unet_slot_hooks(*dit_idx_, dit_src_, ucfg_, opt_, weight_type_, "SD1.x/SD2.x"));
 
     // vae: the AutoencoderKL (the VAE flash attention follows --fa), or TAESD for decoding
-    VaeSetup v;
-    v.kl = kl_;
-    v.flash_attn = opt_.flash_attn_te;
-    v.tile_factor = spatial_factor_;
-    v.taesd_path = taesd_path_;
-    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
-        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder", taesd_path_);
-    };
-    add_vae(std::move(v));
+    add_vae({.kl = kl_, .flash_attn = opt_.flash_attn_te, .tile_factor = spatial_factor_, .taesd_kind = "TAESD (taesd_decoder)",
+             .vae_needed = "an SD1.x/SD2.x VAE"});
 }
 
 Conditioning StableDiffusion::encode_prompt(const std::string& prompt, int clip_skip) {
@@ -590,11 +538,7 @@ void StableDiffusion::diffusion(std::span<const float> x, std::span<const float>
 
 vae::HostTensor StableDiffusion::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != 4) fail(ErrorKind::InvalidInput, "latent has {} channels; SD1.x/SD2.x latents have 4", latent.c);
-    load(Module::VaeDecoder);
-    if (decodes_with_taesd()) return decode_taesd(latent);  // TAESD decodes the scaled latent
-    vae::HostTensor z = latent;
-    for (auto& v : z.data) v /= scaling_factor_;
-    return decode_kl(z, tiling);
+    return decode_scaled(latent, tiling, scaling_factor_, 0.0f);  // (TAESD decodes the scaled latent)
 }
 
 vae::LatentDist StableDiffusion::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }

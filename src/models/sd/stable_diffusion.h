@@ -23,6 +23,7 @@
 #include "models/clip/clip_text.h"
 #include "models/family_base.h"
 #include "models/sd/unet.h"
+#include "models/sd/unet_slot.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/sd/placed_unet.h"
 #include "sampling/schedule.h"
@@ -112,11 +113,9 @@ private:
     /// The CLIP text encoder truncated to clip skip k (context = its last_hidden_state) under
     /// the placement spec; rebuilt when k changes.
     struct PlacedTe;
-    struct UNetWhole;  ///< the UNet loaded whole
 
     // Sources (resolved at open).
     ModuleSource te_src_;
-    std::string taesd_path_;
     std::optional<nlohmann::json> sched_cfg_;
     std::filesystem::path tokenizer_special_;  ///< special_tokens_map.json of a diffusers folder
     std::string model_desc_;

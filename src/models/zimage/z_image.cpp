@@ -171,20 +171,12 @@ std::unique_ptr<ZImage> ZImage::open(const ModelFiles& files, const FamilyOption
     ve.needed = "the FLUX.1 VAE (16 latent channels, ae.safetensors)";
     ve.no_vae = ve.no_kl = "pass the FLUX.1 VAE (ae.safetensors) with --vae FILE";
     ve.wrong_channels = "Z-Image needs the 16-channel FLUX.1 VAE (ae.safetensors)";
-    if (!files.taesd.empty()) {
-        std::error_code ec;
-        if (!fs::exists(platform::u8path(files.taesd), ec)) fail(ErrorKind::Io, "--taesd {}: no such file or folder", files.taesd);
-        m->taesd_path_ = files.taesd;
-    }
-    // --taesd alone (TAEF1, no --vae): the tiny autoencoder decodes; there is no VAE encoder
-    // (img2img says so), and the latent factor is FLUX.1's 8.
-    if (!m->vae_src_.empty() || m->taesd_path_.empty()) {
-        const VaeHeaders vh = m->read_vae_headers(ve);
-        m->kl_ = vh.kl;
-        m->spatial_factor_ = vh.cfg.spatial_factor();
-        m->scaling_factor_ = vh.scaling.value_or(m->scaling_factor_);
-        m->shift_factor_ = vh.shift.value_or(m->shift_factor_);
-    }
+    // (--taesd alone, TAEF1 with no --vae: nothing read, no VAE encoder, factor 8)
+    const OpenedVae ov = m->open_vae(ve);
+    m->kl_ = ov.kl;
+    m->spatial_factor_ = ov.spatial_factor;
+    m->scaling_factor_ = ov.scaling.value_or(m->scaling_factor_);
+    m->shift_factor_ = ov.shift.value_or(m->shift_factor_);
 
     // Noise process: static shift.
     double shift = kDefaultFlowShift;
@@ -213,12 +205,7 @@ std::string ZImage::describe() const {
 }
 
 LatentFormat ZImage::latent_format() const {
-    LatentFormat f;
-    f.channels = dcfg_.in_channels;
-    f.spatial_factor = spatial_factor_;
-    f.scaling_factor = scaling_factor_;
-    f.shift_factor = shift_factor_;
-    return f;
+    return {.channels = dcfg_.in_channels, .spatial_factor = spatial_factor_, .scaling_factor = scaling_factor_, .shift_factor = shift_factor_};
 }
 
 const sampling::ModelSampling& ZImage::model_sampling() const { return *ms_; }
@@ -277,10 +264,7 @@ void ZImage::lora_targets(LoraTargets& t) {
         qwen3::Qwen3Keys qk;
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, qk, qc);
-        qwen3::Qwen3Model q(qc);
-        lora::add_qwen3_targets(t.km, 0, q, qc);
-        t.sources["qwen3"] = std::make_unique<nn::TensorSource>(qwen3::make_tensor_source(ti, qk, qc));
-        if (own) t.own.push_back(std::move(own));
+        add_qwen3_lora_targets(t, ti, std::move(own), qk, qc);
     }
     t.info = {"Z-Image", dcfg_.dim, "hidden"};
 }
@@ -294,12 +278,7 @@ void ZImage::add_modules() {
         qwen3::Qwen3Config qc;
         const io::WeightIndex& ti = te_headers(own, keys, qc);
         te_desc_ = fmt::format("Qwen3 hidden {} x {} layers", qc.hidden, qc.layers);
-        qwen3::Qwen3RunOptions ro;
-        ro.device = opt_.te_device;
-        ro.threads = opt_.threads;
-        ro.weight_type = weight_type_;
-        ro.flash_attn = opt_.flash_attn_te;
-        return std::make_unique<qwen3::Qwen3TextEncoder>(ti, ro);
+        return std::make_unique<qwen3::Qwen3TextEncoder>(ti, qwen3_run_options());
     };
     th.load_placed = [this] {  // planned and loaded on the first encoding (the plan needs the prompt length)
         auto p = std::make_unique<PlacedTe>();
@@ -407,18 +386,9 @@ void ZImage::add_modules() {
     dit_ = &modules_.add<LoadedZImageDiT, PlacedDiT>(Module::Diffusion, std::move(dh));
 
     // vae: the FLUX.1 AutoencoderKL
-    VaeSetup v;
-    v.kl = kl_;
-    v.tile_factor = spatial_factor_;
-    // --taesd: TAEF1 (a 16-channel tiny autoencoder) decodes instead of the KL decoder
-    v.taesd_path = taesd_path_;
-    v.check_taesd = [this](const vae::TinyAutoencoder& t) {
-        if (!t.has_decoder()) fail(ErrorKind::ModelMismatch, "--taesd {}: holds no TAESD decoder (TAEF1: taef1_decoder)", taesd_path_);
-        if (t.latent_channels() != 16)
-            fail(ErrorKind::ModelMismatch, "--taesd {}: a {}-channel tiny autoencoder; Z-Image latents have 16 channels: pass TAEF1 (taef1_decoder)",
-                 taesd_path_, t.latent_channels());
-    };
-    add_vae(std::move(v));
+    // (--taesd: TAEF1, a 16-channel tiny autoencoder, decodes instead of the KL decoder)
+    add_vae({.kl = kl_, .tile_factor = spatial_factor_, .taesd_channels = 16, .taesd_kind = "TAEF1 (taef1_decoder)",
+             .vae_needed = "the FLUX.1 VAE (ae.safetensors)"});
 }
 
 std::vector<int32_t> ZImage::prompt_ids(const std::string& prompt) const {
@@ -511,22 +481,11 @@ void ZImage::diffusion(std::span<const float> x, std::span<const float> concat, 
 vae::HostTensor ZImage::decode(const vae::HostTensor& latent, const vae::TilingOptions& tiling) {
     if (latent.c != dcfg_.in_channels)
         fail(ErrorKind::InvalidInput, "latent has {} channels; Z-Image latents have {}", latent.c, dcfg_.in_channels);
-    load(Module::VaeDecoder);
     // TAEF1 decodes the latent the DiT works in, (raw - shift) x scale: diffusers' AutoencoderTiny
     // config for it has scaling 1 and shift 0; ComfyUI feeds its decoder (raw - 0.1159) x 0.3611
-    if (decodes_with_taesd()) return decode_taesd(latent);
-    vae::HostTensor z = latent;
-    for (auto& v : z.data) v = v / scaling_factor_ + shift_factor_;
-    return decode_kl(z, tiling);
+    return decode_scaled(latent, tiling, scaling_factor_, shift_factor_);
 }
 
-vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) {
-    if (!kl_)
-        fail(ErrorKind::InvalidInput,
-             "an init image (-i) is encoded with the VAE encoder, and --taesd {} only decodes: pass the FLUX.1 VAE (ae.safetensors) "
-             "with --vae FILE for img2img",
-             taesd_path_);
-    return encode_kl(image, tiling);
-}
+vae::LatentDist ZImage::encode(const vae::HostTensor& image, const vae::TilingOptions& tiling) { return encode_kl(image, tiling); }
 
 }  // namespace easel::models::zimage

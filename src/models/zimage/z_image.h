@@ -139,7 +139,6 @@ private:
     // Header-level facts.
     ZImageDiTConfig dcfg_;
     std::optional<vae::KLSource> kl_;  ///< absent with --taesd and no --vae (decode only)
-    std::string taesd_path_;            ///< --taesd: TAEF1 decodes ("" = the KL decoder)
     int spatial_factor_ = 8;
     float scaling_factor_ = 0.3611f, shift_factor_ = 0.1159f;
     std::unique_ptr<sampling::ModelSampling> ms_;
