@@ -84,6 +84,8 @@ placement::FitResult apply_auto_fit(pipeline::GenerateParams& p) {
     fo.threads = p.threads;
     fo.flash_attn_te = p.flash_attn;
     fo.flash_attn_diffusion = p.flash_attn || p.diffusion_fa;
+    fo.vae_conv_direct = p.vae_conv_direct;
+    fo.diffusion_conv_direct = p.diffusion_conv_direct;
     fo.weight_type = p.weight_type;
     fo.prediction = p.prediction;
     fo.flow_shift = p.flow_shift;

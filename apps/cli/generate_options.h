@@ -197,7 +197,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_option("--vae-relative-tile-size", p.vae_relative_tile_size,
                    "sd-cli's tile size relative to the latent: not in this build yet (refused; give --vae-tile-size in latent cells)")
         ->group(g);
-    app.add_flag("--vae-conv-direct", p.vae_conv_direct, "sd-cli's ggml_conv_2d_direct in the VAE: accepted; this build runs every convolution through im2col (warned)")
+    app.add_flag("--vae-conv-direct", p.vae_conv_direct, "Convolutions of the VAE (and TAESD) through ggml_conv_2d_direct instead of im2col: no im2col buffer, less memory")
         ->group(g);
 
     add_upscale_options(app, p);
@@ -207,7 +207,7 @@ inline void add_generate_options(CLI::App& app, pipeline::GenerateParams& p) {
     app.add_flag("--fa", p.flash_attn, "Flash attention in every module")->group(g);
     app.add_flag("--diffusion-fa", p.diffusion_fa, "Flash attention in the diffusion model only")->group(g);
     app.add_flag("--diffusion-conv-direct", p.diffusion_conv_direct,
-                 "sd-cli's ggml_conv_2d_direct in the diffusion model: accepted; this build runs every convolution through im2col (warned)")
+                 "Convolutions of the diffusion model (SD1.x/SD2.x/SDXL UNet) through ggml_conv_2d_direct instead of im2col")
         ->group(g);
     app.add_flag("--mmap", p.mmap, "Memory-map the model files (sd-cli): easel always does (read-only mappings); -v says so")->group(g);
     app.add_option("-t,--threads", p.threads, "CPU threads (<= 0: physical cores; at most 512)")->check(max_threads_check())->group(g);
@@ -236,7 +236,7 @@ inline std::string read_prompt_file(const std::string& path, const char* flag) {
 /// before anything runs: which flags were given (--steps, --cfg-scale, --width, --height: otherwise
 /// the model file's recommended settings or the family's defaults), --prompt-file / --negative-prompt-file (each excludes its -p / -n), and the notes
 /// of the accepted flags that change nothing in this build: --mmap (a debug line: easel maps
-/// model files already) and --vae-conv-direct / --diffusion-conv-direct (one warning). Throws
+/// model files already). Throws
 /// Error(InvalidInput) for -p with --prompt-file, a prompt file that is not UTF-8 and an empty
 /// --sigmas / --hires-sigmas; Error(Io) for a prompt file that cannot be read.
 inline void resolve_generate_options(const CLI::App& app, pipeline::GenerateParams& p) {
@@ -264,13 +264,6 @@ inline void resolve_generate_options(const CLI::App& app, pipeline::GeneratePara
         fail(ErrorKind::Unsupported, "--vae-relative-tile-size {}: not in this build yet; give the tile in latent cells with --vae-tile-size "
              "NxN (8 px per cell; FLUX.2 Klein 16)", p.vae_relative_tile_size);
     if (p.mmap) log::debug("--mmap: easel memory-maps every model file read-only already (the default; nothing to change)");
-    if (p.vae_conv_direct || p.diffusion_conv_direct)
-        log::warn("{}: not applied: every convolution of this build runs through im2col and one matrix product (the path that its "
-                  "quantised kernels, its LoRA hook and its measured memory plans are built on); ggml_conv_2d_direct is not wired in "
-                  "yet, so the images are those of a run without the flag",
-                  p.vae_conv_direct && p.diffusion_conv_direct ? "--vae-conv-direct and --diffusion-conv-direct"
-                  : p.vae_conv_direct                          ? "--vae-conv-direct"
-                                                               : "--diffusion-conv-direct");
 }
 
 /// The flags of `easel generate` that act only with another flag, given without it: one warning

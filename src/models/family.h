@@ -100,6 +100,8 @@ struct FamilyOptions {
     int threads = 0;                                ///< CPU threads (<= 0: all)
     bool flash_attn_te = false;                     ///< --fa
     bool flash_attn_diffusion = false;              ///< --fa or --diffusion-fa
+    bool vae_conv_direct = false;                   ///< --vae-conv-direct (KL VAE and TAESD convolutions)
+    bool diffusion_conv_direct = false;             ///< --diffusion-conv-direct (UNet convolutions; the DiTs have none)
     std::string weight_type;                        ///< --type ("" keeps the stored types)
     std::string prediction;                         ///< --prediction override ("" = detect)
     float flow_shift = 0.0f;                        ///< --flow-shift (0 = the family's default)

@@ -59,6 +59,7 @@ vae::VaeDecoderSource FamilyBase::vae_source() const {
     s.index = &vae_index();
     s.src = *vae_.kl;
     if (const nlohmann::json* vc = s.index->config()) s.overrides = vae::kl_overrides_from_diffusers_config(*vc);
+    s.overrides.conv_direct = opt_.vae_conv_direct;
     return s;
 }
 
@@ -132,6 +133,7 @@ void FamilyBase::add_vae(VaeSetup setup) {
         const io::WeightIndex& vi = vae_index();
         vae::KLOverrides kov;
         if (const nlohmann::json* vc = vi.config()) kov = vae::kl_overrides_from_diffusers_config(*vc);
+        kov.conv_direct = opt_.vae_conv_direct;
         return vae::AutoencoderKLModel::load(vi, *vae_.kl, runner.backend(), kov, parts);
     };
 
@@ -141,7 +143,8 @@ void FamilyBase::add_vae(VaeSetup setup) {
         d->runner = std::make_unique<runtime::GraphRunner>(opt_.vae_device, opt_.threads);
         if (decodes_with_taesd()) {
             d->taesd_index = open_index(taesd_path_, "--taesd");
-            d->taesd = vae::TinyAutoencoder::load(*d->taesd_index, d->runner->backend());  // (its kind checked in add_vae)
+            d->taesd = vae::TinyAutoencoder::load(*d->taesd_index, d->runner->backend());
+            d->taesd->set_conv_direct(opt_.vae_conv_direct);  // (its kind checked in add_vae)
             return d;
         }
         no_vae();
@@ -171,7 +174,7 @@ void FamilyBase::add_vae(VaeSetup setup) {
                                                        vae::planned_tiling(opt_.vae_tile, vae_.tile_factor)));
         if (decodes_with_taesd()) {  // --taesd: the TAESD decoder is the vae module (run whole, untiled)
             auto ti = open_index(taesd_path_, "--taesd");
-            out.push_back(vae::taesd_decoder_costs(*ti, s * h, s * w));
+            out.push_back(vae::taesd_decoder_costs(*ti, s * h, s * w, opt_.vae_conv_direct));
         }
         return out;
     };
@@ -208,7 +211,7 @@ vae::HostTensor FamilyBase::decode_taesd(const vae::HostTensor& z) {
     const auto budgets = placement::resolve_budgets(*opt_.placement, placement::list_devices());
     const placement::PlacementSpec ts = vae::taesd_spec(*opt_.placement);
     placement::ModulePlan plan = placement::plan_module(placement::PModule::Vae, ts[placement::PModule::Vae], false,
-                                                        vae::taesd_decoder_costs(*d.taesd_index, z.h, z.w), budgets);
+                                                        vae::taesd_decoder_costs(*d.taesd_index, z.h, z.w, opt_.vae_conv_direct), budgets);
     size_t compute = 0;
     ex.compute_bytes = &compute;
     vae::HostTensor img = d.taesd->decode(z, ex);

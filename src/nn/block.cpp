@@ -42,4 +42,9 @@ size_t Block::param_count() const {
     return n;
 }
 
+void Block::visit_blocks(const std::function<void(Block&)>& fn) {
+    fn(*this);
+    for (auto& [name, child] : children_) child->visit_blocks(fn);
+}
+
 }  // namespace easel::nn

@@ -70,6 +70,9 @@ public:
     /// Number of parameters (declared, present or optional) in this subtree.
     size_t param_count() const;
 
+    /// Calls fn(block) for this block and every descendant, parents first, in declaration order.
+    void visit_blocks(const std::function<void(Block&)>& fn);
+
 private:
     std::vector<std::pair<std::string, std::unique_ptr<Param>>> params_;  // declaration order
     std::vector<std::pair<std::string, std::unique_ptr<Block>>> children_;

@@ -50,6 +50,16 @@ Conv2d::Conv2d(int64_t in_, int64_t out_, int kernel_, int stride_, int padding_
     if (bias) b = &param("bias", {out}, ParamRole::Bias);
 }
 
+ggml_tensor* Conv2d::direct_conv(Ctx& c, ggml_tensor* x) const {
+    // a run-time LoRA term is added where the weight meets its input (weight_matmul): im2col keeps it
+    if (!direct || runtime_update(*w)) return nullptr;
+    ggml_tensor* in_x = ggml_is_contiguous(x) ? x : ggml_cont(c.ctx, x);
+    ggml_tensor* d = ggml_conv_2d_direct(c.ctx, w->tensor, in_x, stride, stride, padding, padding, 1, 1);
+    // an unsupported node is left unused (not part of the graph); im2col follows
+    if (c.backend && !ggml_backend_supports_op(c.backend, d)) return nullptr;
+    return d;
+}
+
 ggml_tensor* Conv2d::forward(Ctx& c, ggml_tensor* x) const {
     need_tensor(w, "Conv2d");
     if (x->ne[2] != in) fail(ErrorKind::InvalidInput, "Conv2d expects {} input channels (ne[2]), got tensor {}", in, ne_str(x));
@@ -66,6 +76,8 @@ ggml_tensor* Conv2d::forward(Ctx& c, ggml_tensor* x) const {
         ggml_tensor* w2 = ggml_reshape_2d(c.ctx, w->tensor, in, out);
         y = weight_matmul(c, *w, w2, xt);                                      // {out, W, H, N}
         y = ggml_cont(c.ctx, ggml_permute(c.ctx, y, 2, 0, 1, 3));              // {W, H, out, N}
+    } else if (ggml_tensor* d = direct_conv(c, x); d) {
+        y = d;  // {OW, OH, out, N}
     } else {
         // im2col in the kernel's type (ggml_conv_2d would always round the data to F16), then
         // one matmul: {K*K*C, OW*OH*N} x {K*K*C, out} -> {OW*OH*N, out}
@@ -79,6 +91,17 @@ ggml_tensor* Conv2d::forward(Ctx& c, ggml_tensor* x) const {
     }
     if (b && b->tensor) y = ggml_add(c.ctx, y, ggml_reshape_4d(c.ctx, b->tensor, 1, 1, out, 1));
     return y;
+}
+
+int set_conv_direct(Block& root, bool direct) {
+    int n = 0;
+    root.visit_blocks([&](Block& b) {
+        if (auto* conv = dynamic_cast<Conv2d*>(&b)) {
+            conv->direct = direct;
+            ++n;
+        }
+    });
+    return n;
 }
 
 // ---------------------------------------------------------------- GroupNorm

@@ -47,16 +47,29 @@ public:
 /// torch.nn.Conv2d (dilation 1, groups 1). weight [out, in, k, k], bias [out]. x: {W, H, in, N};
 /// returns {OW, OH, out, N}. im2col in the kernel's type (F32 kernel: exact F32; F16 kernel:
 /// data rounded to F16 as ggml_conv_2d does) + one matmul; 1x1 stride-1 kernels are a plain
-/// matmul over channels. Throws Error(InvalidInput) on a channel mismatch or a too-small image.
+/// matmul over channels. With `direct` set (sd-cli's --vae-conv-direct / --diffusion-conv-direct,
+/// set_conv_direct) a k > 1 kernel runs as ggml_conv_2d_direct instead: no im2col buffer (K*K*C
+/// x OW*OH floats), the same sums in another order; it falls back to im2col where c.backend cannot
+/// run it or a run-time LoRA term is bound to the weight (weight_matmul). Throws
+/// Error(InvalidInput) on a channel mismatch or a too-small image.
 class Conv2d : public Block {
 public:
     Conv2d(int64_t in, int64_t out, int kernel, int stride = 1, int padding = 0, bool bias = true);
     ggml_tensor* forward(Ctx& c, ggml_tensor* x) const;
     int64_t in, out;
     int kernel, stride, padding;
+    bool direct = false;  ///< ggml_conv_2d_direct for k > 1 (see above)
     Param* w;
     Param* b = nullptr;
+
+private:
+    /// The direct convolution {OW, OH, out, N} of x, or nullptr where im2col must run instead.
+    ggml_tensor* direct_conv(Ctx& c, ggml_tensor* x) const;
 };
+
+/// Sets Conv2d::direct on every convolution under `root` (a module's network: the VAE's, the
+/// UNet's, TAESD's). Returns how many convolutions it set.
+int set_conv_direct(Block& root, bool direct);
 
 /// torch.nn.GroupNorm(groups, channels, eps, affine). x: {W, H, C, N} or {L, C, N} (channels at ne[2] or ne[1]).
 class GroupNorm : public Block {

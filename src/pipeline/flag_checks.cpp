@@ -67,6 +67,10 @@ std::vector<std::string> inapplicable_flag_warnings(const GenerateParams& p, con
         w.push_back(fmt::format("--flow-shift {}: {} is not a flow-matching model (its prediction is {}); the flag shifts the schedules of "
                                 "flow models (Z-Image, FLUX) only and is not used",
                                 p.flow_shift, fam.name(), sampling::prediction_name(fam.model_sampling().prediction())));
+    if (p.diffusion_conv_direct && fam.model_sampling().is_flow())
+        w.push_back(fmt::format("--diffusion-conv-direct: {}'s diffusion model is a transformer with no convolutions (its patches are "
+                                "embedded by a matrix product), so the flag changes nothing; --vae-conv-direct acts on its VAE",
+                                fam.name()));
     if (p.clip_skip > 0 && fam.defaults().clip_skip <= 0)
         w.push_back(fmt::format("--clip-skip {}: {} takes no hidden layer of a CLIP text encoder (clip skip acts on SD1.x/SD2.x/SDXL), so "
                                 "it is not used",

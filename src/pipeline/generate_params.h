@@ -112,7 +112,7 @@ struct GenerateParams {
     bool flash_attn = false;        ///< --fa
     bool diffusion_fa = false;      ///< --diffusion-fa
     /// --vae-conv-direct / --diffusion-conv-direct (sd-cli): ggml_conv_2d_direct instead of
-    /// im2col. Accepted; every convolution of this build runs through im2col (one warning says so).
+    /// im2col (nn::Conv2d::direct; FamilyOptions::vae_conv_direct / diffusion_conv_direct).
     bool vae_conv_direct = false, diffusion_conv_direct = false;
     bool mmap = false;              ///< --mmap (sd-cli): easel always maps model files read-only; -v says so
     int threads = -1;               ///< -t (<= 0: physical cores)

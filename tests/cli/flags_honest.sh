@@ -88,7 +88,7 @@ declare -A class=(
   [--vae-tile-size]="warn sd vae-tile-size 16x24: easel's VAE tiles are square|--vae-tiling --vae-tile-size 16x24"
   [--vae-tile-overlap]="act cli/generate_errors.sh"
   [--vae-relative-tile-size]="error sd vae-relative-tile-size 0.5x0.5: not in this build yet|--vae-tiling --vae-relative-tile-size 0.5x0.5"
-  [--vae-conv-direct]="warn sd vae-conv-direct: not applied: every convolution of this build runs through im2col|--vae-conv-direct"
+  [--vae-conv-direct]="act here"
   [--upscale-model]="act cli/upscale.sh"
   [--hires]="act cli/hires.sh"
   [--hires-upscaler]="act cli/hires.sh"
@@ -103,7 +103,7 @@ declare -A class=(
   [--upscale-tile-size]="act cli/upscale.sh"
   [--fa]="act unit/vae_autoencoder_kl_test.cpp flash_attn"
   [--diffusion-fa]="act unit/memory_check_test.cpp diffusion_fa"
-  [--diffusion-conv-direct]="warn zimage diffusion-conv-direct: not applied: every convolution of this build runs through im2col|--diffusion-conv-direct"
+  [--diffusion-conv-direct]="warn zimage diffusion-conv-direct: Z-Image's diffusion model is a transformer with no convolutions|--diffusion-conv-direct"
   [--mmap]="act here"
   [--threads]="act cli/faults.sh"
   [--backend]="act cli/placement.sh"
@@ -228,8 +228,18 @@ run sd "$tmp/w.webp" "$tmp/w2.log"
 run sd "$tmp/m.png" "$tmp/m.log" --mmap -v && grep -q "mmap: easel memory-maps every model file" "$tmp/m.log" && ! grep -q "warning.*mmap" "$tmp/m.log" &&
   ok "--mmap: -v line, no warning" || bad "--mmap: $(grep -i mmap "$tmp/m.log")"
 # --color: escape codes on the warning line; without it none
-run sd "$tmp/k.png" "$tmp/k.log" --color --vae-conv-direct && grep -q $'\x1b\[' "$tmp/k.log" && run sd "$tmp/k2.png" "$tmp/k2.log" --vae-conv-direct &&
+run sd "$tmp/k.png" "$tmp/k.log" --color --flow-shift 3 && grep -q $'\x1b\[' "$tmp/k.log" && run sd "$tmp/k2.png" "$tmp/k2.log" --flow-shift 3 &&
   ! grep -q $'\x1b\[' "$tmp/k2.log" && ok "--color: escape codes only with the flag" || bad "--color"
+# --vae-conv-direct / --diffusion-conv-direct on SD: ggml_conv_2d_direct; the image equals im2col's within
+# float rounding (<= 2/255), no warning, and the plan's VAE compute buffer (measured from the graph) drops
+run sd "$tmp/c0.png" "$tmp/c0.log" && run sd "$tmp/c1.png" "$tmp/c1.log" --vae-conv-direct --diffusion-conv-direct &&
+  d=$(png diff "$tmp/c0.png" "$tmp/c1.png") && [ "${d#max }" != "$d" ] && [ "$(echo "$d" | awk '{ print $2 }')" -le 2 ] &&
+  ! grep -q "conv-direct" "$tmp/c1.log" && ok "--vae-conv-direct --diffusion-conv-direct: image within 2/255 of im2col's ($d), no warning" ||
+  bad "--vae-conv-direct: ${d:-no image} $(grep -i "conv-direct\|error" "$tmp/c1.log" | head -2)"
+vae_compute() { "$easel" plan $(model_of sd) -W 256 -H 256 "$@" 2>&1 | awk '$1 == "vae" { print $6 }'; }
+c0=$(vae_compute) && c1=$(vae_compute --vae-conv-direct) &&
+  awk -v a="$c0" -v b="$c1" 'BEGIN { exit !(a > 0 && b > 0 && b < a / 2) }' &&
+  ok "--vae-conv-direct: plan's VAE compute buffer at 256 px $c0 -> $c1 MiB" || bad "--vae-conv-direct: plan's VAE compute '$c0' -> '$c1' MiB"
 # -v: debug lines
 grep -q "debug" "$tmp/m.log" && ok "-v: debug lines" || bad "-v: no debug line"
 # easel generate with no arguments: refused (no 512x512 job on an empty prompt over output.png)

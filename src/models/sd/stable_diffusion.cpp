@@ -121,6 +121,7 @@ std::unique_ptr<StableDiffusion> StableDiffusion::open(const ModelFiles& files, 
     m->dit_idx_ = open_index(m->dit_src_.path, m->dit_src_.flag);
     try {
         m->ucfg_ = infer_unet_config(*m->dit_idx_);
+        m->ucfg_.conv_direct = m->opt_.diffusion_conv_direct;
     } catch (const Error& e) {
         if (e.kind() == ErrorKind::ModelMismatch)
             fail(ErrorKind::ModelMismatch, "{}: no SD1.x/SD2.x UNet in this file ({}); pass an SD checkpoint as -m, or the UNet as --diffusion-model",

@@ -70,6 +70,7 @@ UNet2DCondition::UNet2DCondition(UNetConfig cfg) : cfg_(std::move(cfg)) {
     conv_norm_out_ = &add<nn::GroupNorm>("conv_norm_out", G, c.model_channels, eps);
     conv_out_ = &add<nn::Conv2d>("conv_out", c.model_channels, c.out_channels, c.conv_out_kernel, 1,
                                  (c.conv_out_kernel - 1) / 2);
+    if (c.conv_direct) nn::set_conv_direct(*this, true);
 }
 
 std::string UNet2DCondition::block_name(int i) const {

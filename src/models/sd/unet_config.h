@@ -111,6 +111,7 @@ struct UpBlockSpec {
 /// The complete structure of one UNet, every size known.
 struct UNetConfig {
     UNetKeyLayout layout = UNetKeyLayout::Diffusers;
+    bool conv_direct = false;      ///< --diffusion-conv-direct: k > 1 convolutions as ggml_conv_2d_direct (execution only)
     std::string prefix;            ///< prefix of the stored names ("model.diffusion_model." etc.)
 
     int64_t in_channels = 4;       ///< 4, or 9 for in-painting (conv_in.weight [C0, in, k, k])

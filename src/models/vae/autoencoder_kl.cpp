@@ -257,6 +257,7 @@ AutoencoderKLConfig infer_autoencoder_kl_config(const io::WeightIndex& index, co
     if (cfg.layers_per_block < 1) fail(ErrorKind::ModelMismatch, "AutoencoderKL: no resnets found in the first level");
     cfg.use_quant_conv = r.find("quant_conv.weight") != nullptr;
     cfg.use_post_quant_conv = r.find("post_quant_conv.weight") != nullptr;
+    cfg.conv_direct = ov.conv_direct;
     if (ov.norm_num_groups) cfg.norm_num_groups = *ov.norm_num_groups;
     else if (const nlohmann::json* js = index.config(); js && js->is_object())
         cfg.norm_num_groups = kl_overrides_from_diffusers_config(*js).norm_num_groups.value_or(32);
@@ -453,6 +454,7 @@ AutoencoderKL::AutoencoderKL(const AutoencoderKLConfig& cfg, KLParts parts, bool
                 units_.push_back(KLDecodeUnit{K::Upsample, ub->up, nullptr, nullptr, ub->up, fmt::format("decoder.up_blocks.{}.upsamplers.0", b)});
         }
     }
+    if (cfg_.conv_direct) nn::set_conv_direct(*this, true);
 }
 
 const KLEncoderSequence& AutoencoderKL::encoder_sequence() const {

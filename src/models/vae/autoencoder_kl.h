@@ -72,6 +72,8 @@ struct KLOverrides {
     /// GroupNorm groups. Unset: "norm_num_groups" of the config.json beside the weights
     /// (io::WeightIndex::config()), else diffusers' default 32.
     std::optional<int> norm_num_groups;
+    /// sd-cli's --vae-conv-direct: k > 1 convolutions as ggml_conv_2d_direct (nn::Conv2d::direct).
+    bool conv_direct = false;
 };
 
 /// Reads the fields of a diffusers AutoencoderKL config.json object that the weights do not show
@@ -86,6 +88,7 @@ struct AutoencoderKLConfig {
     std::vector<int64_t> block_out_channels; ///< per resolution level, encoder order (e.g. 128,256,512,512)
     int layers_per_block = 2;                ///< resnets per encoder level (decoder: +1)
     int norm_num_groups = 32;                ///< GroupNorm groups of every norm
+    bool conv_direct = false;                ///< KLOverrides::conv_direct (execution, not structure)
     float norm_eps = 1e-6f;                  ///< GroupNorm eps (diffusers VAE: 1e-6)
     bool use_quant_conv = true;              ///< 1x1 conv 2L->2L after the encoder
     bool use_post_quant_conv = true;         ///< 1x1 conv L->L before the decoder

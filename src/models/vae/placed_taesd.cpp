@@ -65,13 +65,14 @@ uint64_t measure_graph(const vae::TaesdSequential& seq, int64_t h, int64_t w, co
 
 }  // namespace
 
-placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w) {
+placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w, bool conv_direct) {
     if (h <= 0 || w <= 0) fail(ErrorKind::InvalidInput, "TAESD decoder costs: empty latent {}x{}", w, h);
     const vae::TaesdSource s = vae::find_taesd(index);
     if (!s.decoder_prefix) fail(ErrorKind::ModelMismatch, "--taesd: the file holds no TAESD decoder");
     auto k = std::make_shared<TaesdKeep>();
     k->seq = std::make_unique<vae::TaesdSequential>(vae::parse_taesd_layers(index, *s.decoder_prefix, vae::TaesdPart::Decoder),
                                                     vae::TaesdPart::Decoder);
+    nn::set_conv_direct(*k->seq, conv_direct);
     nn::TensorSource ts(index, *s.decoder_prefix);
     nn::LoadOptions lo;  // as TinyAutoencoder::load
     lo.check_unexpected = false;

@@ -22,7 +22,7 @@ namespace easel::vae {
 /// empty block range). Nothing is loaded on a device (the graph's parameters are bound to a host
 /// buffer for the measurement). Throws Error(ModelMismatch) when `index` holds no TAESD decoder,
 /// Error(InvalidInput) for an empty latent.
-placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w);
+placement::ModuleCosts taesd_decoder_costs(const io::WeightIndex& index, int64_t h, int64_t w, bool conv_direct = false);
 
 /// The spec TAESD is planned under: `spec` with its vae entry reduced to the first device and
 /// its parameters on it (a tiny autoencoder is never split or staged). When the vae entry listed

@@ -193,6 +193,11 @@ ggml_tensor* TaesdSequential::forward(nn::Ctx& c, ggml_tensor* x) const {
 
 TinyAutoencoder::~TinyAutoencoder() = default;
 
+void TinyAutoencoder::set_conv_direct(bool direct) {
+    if (encoder_) nn::set_conv_direct(*encoder_, direct);
+    if (decoder_) nn::set_conv_direct(*decoder_, direct);
+}
+
 std::unique_ptr<TinyAutoencoder> TinyAutoencoder::load(const io::WeightIndex& index, ggml_backend_t backend) {
     TaesdSource s = find_taesd(index);
     if (!s.encoder_prefix && !s.decoder_prefix)

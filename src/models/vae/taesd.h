@@ -118,6 +118,8 @@ public:
 
     bool has_encoder() const { return encoder_ != nullptr; }
     bool has_decoder() const { return decoder_ != nullptr; }
+    /// --vae-conv-direct: every k > 1 convolution of both halves as ggml_conv_2d_direct (nn::set_conv_direct).
+    void set_conv_direct(bool direct);
     /// Latent channels (from whichever half is loaded).
     int64_t latent_channels() const;
     int spatial_factor() const;

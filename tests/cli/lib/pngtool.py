@@ -7,6 +7,9 @@
   pngtool.py text FILE KEY        prints the PNG tEXt/iTXt value of KEY, or the JPEG COM text
                                   (KEY ignored); exit 1 when absent
   pngtool.py format FILE          prints png or jpeg (by the file's signature), else exit 1
+  pngtool.py diff FILE1 FILE2     two 8-bit RGB/RGBA PNGs of one size: prints "max N over K" (the
+                                  largest channel difference, and how many channels differ by more
+                                  than 2); exit 1 when the sizes or formats differ
 """
 import struct
 import sys
@@ -41,6 +44,37 @@ def png_chunks(b):
         i += 12 + n
 
 
+def png_pixels(b):
+    """(w, h, channels, bytes) of an 8-bit non-interlaced RGB / RGBA PNG, unfiltered (PNG spec 9.2)."""
+    w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", b[16:29])
+    ch = {2: 3, 6: 4}.get(ctype)
+    if depth != 8 or ch is None or interlace:
+        raise ValueError("not an 8-bit non-interlaced RGB/RGBA PNG")
+    raw = zlib.decompress(b"".join(d for k, d in png_chunks(b) if k == b"IDAT"))
+    stride = w * ch
+    out = bytearray(h * stride)
+    prev = bytearray(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - ch] if i >= ch else 0
+            up = prev[i]
+            c = prev[i - ch] if i >= ch else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + up) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + up) // 2) & 255
+            elif f == 4:
+                pa, pb, pc = abs(up - c), abs(a - c), abs(a + up - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else up if pb <= pc else c)) & 255
+        out[y * stride:(y + 1) * stride] = line
+        prev = line
+    return w, h, ch, bytes(out)
+
+
 def jpeg_segments(b):
     i = 2
     while i + 4 <= len(b) and b[i] == 0xFF:
@@ -58,6 +92,14 @@ def main():
         make(path, int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
     b = open(path, "rb").read()
+    if cmd == "diff":
+        p1, p2 = png_pixels(b), png_pixels(open(sys.argv[3], "rb").read())
+        if p1[:3] != p2[:3]:
+            print(f"sizes differ: {p1[:3]} vs {p2[:3]}")
+            return 1
+        d = [abs(x - y) for x, y in zip(p1[3], p2[3])]
+        print(f"max {max(d)} over {sum(1 for v in d if v > 2)}")
+        return 0
     fmt = "png" if b.startswith(b"\x89PNG") else "jpeg" if b.startswith(b"\xff\xd8") else None
     if cmd == "format":
         if not fmt:
