@@ -325,6 +325,8 @@ struct HttpApi::State {
             j["seeds"] = rec.result.value("seeds", json::array());
             j["width"] = rec.result.value("width", 0);
             j["height"] = rec.result.value("height", 0);
+            j["seconds"] = rec.result.value("seconds", 0.0);
+            j["timings"] = rec.result.value("timings", json::object());
             json urls = json::array();
             for (size_t i = 0; i < rec.result.value("images", json::array()).size(); ++i)
                 urls.push_back(fmt::format("/easel/v1/jobs/{}/images/{}", rec.id, i));

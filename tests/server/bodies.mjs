@@ -88,8 +88,10 @@ r = await raw(Buffer.concat([Buffer.from(head("POST", "/sdapi/v1/txt2img", ["Tra
 t.check("a chunked body over the limit: 413 with a JSON error naming the limit", r.status === 413 && namesLimit(r.json), r.text);
 r = await raw(Buffer.concat([Buffer.from(head("POST", "/v1/images/generations", ["Transfer-Encoding: chunked", "Content-Type: application/json"])),
   chunkedBody(3 * LIMIT)]));
-t.check("a chunked body over twice the limit: 413 naming the limit, or the connection closed", r.status === null || (r.status === 413 && namesLimit(r.json)),
-  r.text);
+// (the server stops reading and closes: the client's unsent bytes make the close a reset, which
+// may cut the 413's body short)
+t.check("a chunked body over twice the limit: the connection closed, with or without a 413",
+  r.status === null || (r.status === 413 && (r.json === null || namesLimit(r.json)) && /connection: close/i.test(r.text)), r.text);
 r = await raw(Buffer.from(head("POST", "/sdapi/v1/txt2img", ["Transfer-Encoding: chunked", "Content-Type: application/json"]) +
   "ZZ\r\nabc\r\n0\r\n\r\n"));
 t.check("malformed chunks: 400 with a JSON error", r.status === 400 && messageOf(r.json) !== "", r.text);
