@@ -57,7 +57,8 @@ struct GenerateReport {
 /// Progress callback: (image index, step done (1-based), steps, seconds of that step).
 using ProgressFn = std::function<void(int image, int step, int steps, double seconds)>;
 
-/// What a StepFn sees after every denoising step (after the step's checkpoint is written).
+/// What a StepFn sees after every denoising step (the step's checkpoint, if any, is being written
+/// on a thread of its own meanwhile; it is on the disk once run() returns or throws).
 struct StepInfo {
     int image = 0, images = 1;  ///< batch index and batch size
     int step = 0, steps = 0;    ///< steps done of this image (1-based) and its step count
@@ -68,7 +69,7 @@ struct StepInfo {
 /// Per-step hook of Generator::run: return false to stop sampling there (A1111's interrupt:
 /// the current latent is decoded as this image's result, later images of the batch are not
 /// made, GenerateReport::interrupted is set). An exception it throws leaves run() at once
-/// (cancel, shutdown: the step's checkpoint is on disk).
+/// (cancel, shutdown: the step's checkpoint is on the disk by then).
 using StepFn = std::function<bool(const StepInfo&)>;
 
 /// Options of a Generator.

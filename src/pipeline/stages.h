@@ -138,7 +138,7 @@ struct DenoiseControl {
     /// Called after every step (after its checkpoint is written and progress is reported) with
     /// the sampler: returning false ends the sampling there, the current latent
     /// (Sampler::result()) becoming the result (DenoiseResult::stopped; A1111's interrupt). An
-    /// exception it throws leaves denoise() as is (the step's checkpoint is already written).
+    /// exception it throws leaves denoise() as is (the step's checkpoint is on the disk once it has left).
     std::function<bool(const sampling::Sampler&)> on_step;
 };
 
@@ -152,7 +152,9 @@ struct DenoiseResult {
 
 /// Samples one image: draws the noise from job.seed in diffusers' order (init posterior sample,
 /// noise, masked-image posterior), runs the sampler with CFG, applies the inpainting blend for
-/// ordinary models, writes a checkpoint after every step when control.checkpoint_dir is set.
+/// ordinary models, writes a checkpoint after every step when control.checkpoint_dir is set (on a
+/// thread of its own while the next step computes; all are on the disk when it returns or throws,
+/// and a failed write throws its Error(Io) at the next step or at the end).
 /// Loads the diffusion model (and nothing else). Throws Error(InvalidInput) on inconsistent
 /// inputs (missing negative conditioning with CFG, sizes). Resume (control.resume) redraws the
 /// noise of the inputs from the seed as a fresh run does, so it is bit-identical also for
@@ -176,6 +178,8 @@ std::optional<std::filesystem::path> find_checkpoint(const std::filesystem::path
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir, int image);
 /// Writes the sampler state and the job as a checkpoint artifact (atomic).
 void write_checkpoint(const std::filesystem::path& path, const sampling::SamplerState& st, const nlohmann::json& job);
+/// The checkpoint artifact write_checkpoint writes (the state's tensors, the job's params).
+Artifact checkpoint_artifact(const sampling::SamplerState& st, const nlohmann::json& job);
 /// Reads a checkpoint and checks it against the job and the schedule: every differing
 /// parameter is named in one Error(InvalidInput) message ("seed: checkpoint 1, now 2; ...");
 /// sigmas are compared bit for bit.

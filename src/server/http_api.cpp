@@ -99,6 +99,24 @@ std::string iso_stamp(double t) {
 
 json nullable_time(double t) { return t > 0 ? json((int64_t)t) : json(nullptr); }
 
+/// "64 MiB" / "1536 KiB" / "100 bytes": a byte limit as the flag that sets it counts.
+std::string size_words(size_t bytes) {
+    if (bytes % (1u << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
+    if (bytes % (1u << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
+    return fmt::format("{} bytes", bytes);
+}
+
+/// The one line of a 413: the body's size when known and the limit, named in bytes and by its flag.
+std::string too_large_message(const httplib::Request& req, size_t limit) {
+    const std::string len = req.get_header_value("Content-Length");
+    return fmt::format("request body {}is over the limit of {} bytes ({}, set by --max-body-mib); send a smaller body",
+                       len.empty() ? "" : "of " + len.substr(0, 24) + " bytes ", limit, size_words(limit));
+}
+
+bool chunked(const httplib::Request& req) {
+    return req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+}
+
 }  // namespace
 
 struct HttpApi::State {
@@ -108,6 +126,75 @@ struct HttpApi::State {
     std::atomic<int> waiters{0}, streams{0};
 
     const Limits& svc_limits() const { return svc.limits(); }
+
+    /// A request body, read through httplib's ContentReader (every POST / PUT / PATCH / DELETE
+    /// route takes one, so httplib never reads a body itself: its own read would keep a chunked
+    /// body of any size in memory, cap x-www-form-urlencoded bodies at 8 KiB and wait for a body
+    /// the request does not have).
+    ///   - no Content-Length and no Transfer-Encoding: the body is empty (RFC 9112 6.3) and
+    ///     nothing is read, so the answer (400 for a route that needs a body) comes at once;
+    ///   - over --max-body-mib (a Content-Length above it, or a chunked body growing past it):
+    ///     ApiError(413) naming the limit; the rest of the body is read and dropped up to twice
+    ///     the limit so that the client sees the answer, beyond that the connection is closed;
+    ///   - a body that ends early or has malformed chunks: ApiError(400);
+    ///   - multipart/form-data: its parts go to `parts` (each part's bytes count against the
+    ///     limit); a route passing parts == nullptr refuses multipart with 415.
+    /// Any other Content-Type is returned as bytes (the JSON routes parse them as JSON whatever
+    /// the type says: `curl -d` sends application/x-www-form-urlencoded).
+    std::string read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                          std::vector<FormPart>* parts = nullptr) {
+        std::string body;
+        if (!req.has_header("Content-Length") && !chunked(req)) return body;
+        const size_t limit = svc_limits().max_body_bytes;
+        const size_t drain_limit = 2 * limit + (1u << 20);
+        size_t total = 0;
+        bool over = false, too_many_parts = false;
+        auto take = [&](std::string& into, const char* data, size_t n) {
+            total += n;
+            if (total > limit) over = true;
+            if (!over) into.append(data, n);
+            return total <= drain_limit;
+        };
+        bool ok;
+        if (req.is_multipart_form_data()) {
+            std::vector<FormPart> got;
+            std::string ignored;
+            ok = reader(
+                [&](const httplib::MultipartFormData& h) {
+                    if (got.size() >= 64) too_many_parts = true;
+                    if (!too_many_parts) got.push_back({h.name, h.filename, h.content_type, ""});
+                    return true;
+                },
+                [&](const char* data, size_t n) { return take(too_many_parts || got.empty() ? ignored : got.back().content, data, n); });
+            ignored.clear();
+            if (parts) *parts = std::move(got);
+        } else {
+            ok = reader([&](const char* data, size_t n) { return take(body, data, n); });
+        }
+        if (over || res.status == 413) {
+            if (!ok) res.set_header("Connection", "close");
+            refuse(413, "", "{}", too_large_message(req, limit));
+        }
+        if (!ok) {
+            res.set_header("Connection", "close");
+            refuse(400, "", "{}", req.is_multipart_form_data() ? "the multipart body is malformed or ends early (check its boundary and Content-Length)"
+                                                                : "the request body ends before its Content-Length, or its chunked encoding is malformed");
+        }
+        if (too_many_parts) refuse(400, "", "the multipart body has more than 64 parts");
+        if (req.is_multipart_form_data() && !parts)
+            refuse(415, "", "{} takes a JSON body (Content-Type: application/json), not multipart/form-data", req.path.substr(0, 128));
+        return body;
+    }
+
+    /// A route whose handler gets the body read by read_body (a JSON route: multipart refused).
+    httplib::Server::HandlerWithContentReader with_body(std::function<void(const httplib::Request&, httplib::Response&, const std::string&)> h) {
+        return [this, h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+            guarded(req, res, [&] {
+                const std::string body = read_body(req, res, reader);
+                h(req, res, body);
+            });
+        };
+    }
 
     /// Runs a handler, turning every exception into an error body.
     template <class F>
@@ -238,6 +325,8 @@ struct HttpApi::State {
             j["seeds"] = rec.result.value("seeds", json::array());
             j["width"] = rec.result.value("width", 0);
             j["height"] = rec.result.value("height", 0);
+            j["seconds"] = rec.result.value("seconds", 0.0);
+            j["timings"] = rec.result.value("timings", json::object());
             json urls = json::array();
             for (size_t i = 0; i < rec.result.value("images", json::array()).size(); ++i)
                 urls.push_back(fmt::format("/easel/v1/jobs/{}/images/{}", rec.id, i));
@@ -345,13 +434,15 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
         for (size_t i = 0; i < want.size(); ++i) diff |= (unsigned)(want[i] ^ (i < got.size() ? got[i] : 0));
         if (diff == 0) return httplib::Server::HandlerResponse::Unhandled;
         send_error(res, req.path, 401, "Authorization", "this server needs an API key: send the header Authorization: Bearer <key>");
+        // the body (if any) is left unread: the connection cannot carry another request
+        if (chunked(req) || (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0")) res.set_header("Connection", "close");
         return httplib::Server::HandlerResponse::Handled;
     });
     // errors httplib answers itself (413 over the body limit, 400 malformed request, 404 no route): a JSON body
-    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    svr.set_error_handler([st](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
         std::string m = res.status == 404 ? "no such route: " + req.method + " " + req.path.substr(0, 128)
-                        : res.status == 413 ? "request body too large (see --max-body-mib)"
+                        : res.status == 413 ? too_large_message(req, st->svc_limits().max_body_bytes)
                                             : "malformed request (HTTP " + std::to_string(res.status) + ")";
         const int status = res.status;
         send_json(res, status, error_body(api_of(req.path), status, "", m));
@@ -397,19 +488,17 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
         send_json(res, 200, {{"created", (int64_t)std::time(nullptr)}, {"data", data}, {"output_format", "png"},
                              {"size", fmt::format("{}x{}", rec.result.value("width", 0), rec.result.value("height", 0))}});
     };
-    svr.Post("/v1/images/generations", [st, openai_answer](const httplib::Request& req, httplib::Response& res) {
+    svr.Post("/v1/images/generations", st->with_body([st, openai_answer](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+        OpenAIRequest o = parse_openai_generation(parse_json_body(body, st->svc_limits()), st->svc_limits());
+        JobRecord rec = st->run_sync(o.job);
+        openai_answer(req, res, o, rec);
+    }));
+    svr.Post("/v1/images/edits", [st, openai_answer](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
         st->guarded(req, res, [&] {
-            OpenAIRequest o = parse_openai_generation(parse_json_body(req.body, st->svc_limits()), st->svc_limits());
-            JobRecord rec = st->run_sync(o.job);
-            openai_answer(req, res, o, rec);
-        });
-    });
-    svr.Post("/v1/images/edits", [st, openai_answer](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
+            std::vector<FormPart> parts;
+            st->read_body(req, res, reader, &parts);
             if (!req.is_multipart_form_data())
                 refuse(400, "", "/v1/images/edits takes multipart/form-data (image, mask, prompt, n, size, response_format)");
-            std::vector<FormPart> parts;
-            for (const auto& [k, f] : req.files) parts.push_back({f.name, f.filename, f.content_type, f.content});
             OpenAIRequest o = parse_openai_edit(parts, st->svc_limits());
             JobRecord rec = st->run_sync(o.job);
             openai_answer(req, res, o, rec);
@@ -418,18 +507,16 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
 
     // ---- AUTOMATIC1111
     auto a1111_generate = [st](bool img2img) {
-        return [st, img2img](const httplib::Request& req, httplib::Response& res) {
-            st->guarded(req, res, [&] {
-                const json body = parse_json_body(req.body, st->svc_limits());
-                JobRequest jr = parse_a1111(body, img2img, st->svc_limits());
-                json parameters = jr.parameters;
-                const bool send_images = !body.contains("send_images") || !body["send_images"].is_boolean() || body["send_images"].get<bool>();
-                JobRecord rec = st->run_sync(std::move(jr));
-                send_json(res, 200, {{"images", send_images ? json(st->images_b64(rec)) : json::array()},
-                                     {"parameters", parameters},
-                                     {"info", st->a1111_info(rec).dump()}});
-            });
-        };
+        return st->with_body([st, img2img](const httplib::Request&, httplib::Response& res, const std::string& text) {
+            const json body = parse_json_body(text, st->svc_limits());
+            JobRequest jr = parse_a1111(body, img2img, st->svc_limits());
+            json parameters = jr.parameters;
+            const bool send_images = !body.contains("send_images") || !body["send_images"].is_boolean() || body["send_images"].get<bool>();
+            JobRecord rec = st->run_sync(std::move(jr));
+            send_json(res, 200, {{"images", send_images ? json(st->images_b64(rec)) : json::array()},
+                                 {"parameters", parameters},
+                                 {"info", st->a1111_info(rec).dump()}});
+        });
     };
     svr.Post("/sdapi/v1/txt2img", a1111_generate(false));
     svr.Post("/sdapi/v1/img2img", a1111_generate(true));
@@ -439,24 +526,21 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
             send_json(res, 200, st->progress(skip == "true" || skip == "True" || skip == "1"));
         });
     });
-    svr.Post("/sdapi/v1/interrupt", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
-            st->svc.interrupt();
-            send_json(res, 200, json::object());
-        });
-    });
-    svr.Post("/sdapi/v1/skip", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
-            st->svc.interrupt();
-            send_json(res, 200, json::object());
-        });
-    });
+    // interrupt and skip take no body (one sent is read and ignored)
+    svr.Post("/sdapi/v1/interrupt", st->with_body([st](const httplib::Request&, httplib::Response& res, const std::string&) {
+        st->svc.interrupt();
+        send_json(res, 200, json::object());
+    }));
+    svr.Post("/sdapi/v1/skip", st->with_body([st](const httplib::Request&, httplib::Response& res, const std::string&) {
+        st->svc.interrupt();
+        send_json(res, 200, json::object());
+    }));
     svr.Get("/sdapi/v1/options", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] { send_json(res, 200, st->options()); });
     });
-    svr.Post("/sdapi/v1/options", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
-            const json body = parse_json_body(req.body, st->svc_limits());
+    svr.Post("/sdapi/v1/options", st->with_body([st](const httplib::Request&, httplib::Response& res, const std::string& text) {
+        {
+            const json body = parse_json_body(text, st->svc_limits());
             for (auto it = body.begin(); it != body.end(); ++it) {
                 const std::string& k = it.key();
                 const json& v = it.value();
@@ -482,8 +566,8 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
             if (body.contains("CLIP_stop_at_last_layers")) st->svc.set_default_clip_skip((int)body["CLIP_stop_at_last_layers"].get<int64_t>());
             if (body.contains("show_progress_every_n_steps")) st->svc.set_preview_interval(std::max<int>(1, (int)body["show_progress_every_n_steps"].get<int64_t>()));
             send_json(res, 200, nullptr);
-        });
-    });
+        }
+    }));
     svr.Get("/sdapi/v1/samplers", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] {
             json a = json::array();
@@ -530,13 +614,11 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
     });
 
     // ---- easel jobs API (and sd.cpp's names for it)
-    svr.Post("/easel/v1/jobs", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
-            const std::string id = st->svc.submit(parse_easel_job(parse_json_body(req.body, st->svc_limits()), st->svc_limits()));
-            res.set_header("Location", "/easel/v1/jobs/" + id);
-            send_json(res, 202, st->job_view(*st->svc.get(id), false));
-        });
-    });
+    svr.Post("/easel/v1/jobs", st->with_body([st](const httplib::Request&, httplib::Response& res, const std::string& body) {
+        const std::string id = st->svc.submit(parse_easel_job(parse_json_body(body, st->svc_limits()), st->svc_limits()));
+        res.set_header("Location", "/easel/v1/jobs/" + id);
+        send_json(res, 202, st->job_view(*st->svc.get(id), false));
+    }));
     svr.Get("/easel/v1/jobs", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] {
             int recent = 50;
@@ -554,15 +636,13 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
     svr.Get(R"(/easel/v1/jobs/([^/]+))", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] { send_json(res, 200, st->job_view(st->job_or_404(req.matches[1]), req.get_param_value("images") != "false")); });
     });
-    auto cancel = [st](bool sdcpp) {
-        return [st, sdcpp](const httplib::Request& req, httplib::Response& res) {
-            st->guarded(req, res, [&] {
-                JobRecord rec = st->job_or_404(req.matches[1]);
-                if (!st->svc.cancel(rec.id)) refuse(409, "id", "job {} has ended ({}); nothing to cancel", rec.id, rec.state);
-                rec = *st->svc.get(rec.id);
-                send_json(res, 200, sdcpp ? st->sdcpp_view(rec) : st->job_view(rec, false));
-            });
-        };
+    auto cancel = [st](bool sdcpp) {  // takes no body (one sent is read and ignored)
+        return st->with_body([st, sdcpp](const httplib::Request& req, httplib::Response& res, const std::string&) {
+            JobRecord rec = st->job_or_404(req.matches[1]);
+            if (!st->svc.cancel(rec.id)) refuse(409, "id", "job {} has ended ({}); nothing to cancel", rec.id, rec.state);
+            rec = *st->svc.get(rec.id);
+            send_json(res, 200, sdcpp ? st->sdcpp_view(rec) : st->job_view(rec, false));
+        });
     };
     svr.Post(R"(/easel/v1/jobs/([^/]+)/cancel)", cancel(false));
     svr.Get(R"(/easel/v1/jobs/([^/]+)/images/([0-9]{1,4}))", [st](const httplib::Request& req, httplib::Response& res) {
@@ -660,14 +740,12 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
         });
     });
     // sd.cpp: /sdcpp/v1/img_gen, /sdcpp/v1/jobs/{id}, /sdcpp/v1/jobs/{id}/cancel, /sdcpp/v1/capabilities
-    svr.Post("/sdcpp/v1/img_gen", [st](const httplib::Request& req, httplib::Response& res) {
-        st->guarded(req, res, [&] {
-            const std::string id = st->svc.submit(parse_sdcpp_img_gen(parse_json_body(req.body, st->svc_limits()), st->svc_limits()));
-            JobRecord rec = *st->svc.get(id);
-            send_json(res, 202, {{"id", id}, {"kind", "img_gen"}, {"status", "queued"}, {"created", (int64_t)rec.created},
-                                 {"poll_url", "/sdcpp/v1/jobs/" + id}});
-        });
-    });
+    svr.Post("/sdcpp/v1/img_gen", st->with_body([st](const httplib::Request&, httplib::Response& res, const std::string& body) {
+        const std::string id = st->svc.submit(parse_sdcpp_img_gen(parse_json_body(body, st->svc_limits()), st->svc_limits()));
+        JobRecord rec = *st->svc.get(id);
+        send_json(res, 202, {{"id", id}, {"kind", "img_gen"}, {"status", "queued"}, {"created", (int64_t)rec.created},
+                             {"poll_url", "/sdcpp/v1/jobs/" + id}});
+    }));
     svr.Get(R"(/sdcpp/v1/jobs/([^/]+))", [st](const httplib::Request& req, httplib::Response& res) {
         st->guarded(req, res, [&] { send_json(res, 200, st->sdcpp_view(st->job_or_404(req.matches[1]))); });
     });
@@ -713,6 +791,15 @@ HttpApi::HttpApi(httplib::Server& svr, Service& service, HttpOptions opt) : st_(
                                              {"max_batch_count", lim.max_batch}, {"max_queue_size", st->svc.max_queue()}}}});
         });
     });
+    // every other POST / PUT / PATCH / DELETE: its body read (bounded) by read_body, then 404;
+    // registered last, after every route above
+    auto no_route = st->with_body([](const httplib::Request& req, httplib::Response&, const std::string&) {
+        refuse(404, "", "no such route: {} {}", req.method, req.path.substr(0, 128));
+    });
+    svr.Post(".*", no_route);
+    svr.Put(".*", no_route);
+    svr.Patch(".*", no_route);
+    svr.Delete(".*", no_route);
     svr.set_payload_max_length(st->svc_limits().max_body_bytes);
 }
 

@@ -5,6 +5,7 @@
 #include "server/base64.h"
 #include "server/samplers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <regex>
@@ -108,10 +109,23 @@ public:
         if (ok.is_boolean() && v->is_number_integer() && v->get<int64_t>() == (ok.get<bool>() ? 1 : 0)) return;
         refuse(400, name(key), "{} {} is not supported: {} (send {} or leave it out)", name(key), v->dump().substr(0, 64), why, ok.dump());
     }
-    /// An array / object field accepted only when empty.
+    /// Refuses the object's first key (in key order) that is not in `keys`: sd-server drops such
+    /// a key silently, so a misspelt field ("sample_step") would pass unnoticed. `where` names
+    /// the object in the message, which lists the fields it takes.
+    void known(std::initializer_list<std::string_view> keys, std::string_view where) const {
+        if (!j_.is_object()) return;
+        for (auto it = j_.begin(); it != j_.end(); ++it) {
+            if (std::find(keys.begin(), keys.end(), it.key()) != keys.end()) continue;
+            std::string list;
+            for (std::string_view k : keys) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
+            refuse(400, name(it.key()).substr(0, 128), "{} is not a field of {} (easel refuses unknown fields rather than dropping them; "
+                   "the fields are: {})", name(it.key()).substr(0, 128), where, list);
+        }
+    }
+    /// An array / object / string field accepted only when empty.
     void only_empty(const std::string& key, std::string_view why) const {
         const json* v = get(key);
-        if (!v || ((v->is_array() || v->is_object() || v->is_string()) && v->empty())) return;
+        if (!v || ((v->is_array() || v->is_object()) && v->empty()) || (v->is_string() && v->get_ref<const std::string&>().empty())) return;
         refuse(400, name(key), "{} is not supported: {} (leave it out or empty)", name(key), why);
     }
 
@@ -155,8 +169,20 @@ void set_prompt(JobRequest& r, const Fields& f, const std::string& key, const Li
 }
 
 /// sd.cpp's native fields (its img_gen body and the OpenAI <sd_cpp_extra_args> block) onto `r`.
-void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
+/// Every field sd-server reads (SDGenerationParams::from_json_str, plus output_format and
+/// output_compression) is applied, accepted at the one value easel runs, or accepted as having
+/// no effect where sd-server's has none either without its input image (control_strength,
+/// ip_adapter_strength, vace_strength, moe_boundary, the ref-image switches); any other key is
+/// refused naming it. `where` names the object in messages.
+void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits, std::string_view where) {
     Fields f(body);
+    f.known({"prompt", "negative_prompt", "clip_skip", "width", "height", "strength", "seed", "batch_count", "init_image", "mask_image",
+             "sample_params", "lora", "hires", "ref_images", "control_image", "ip_adapter_image", "end_image", "control_frames",
+             "embed_image_metadata", "output_format", "output_compression", "cache_mode", "cache_option", "scm_mask", "ad_model",
+             "ad_prompt", "ad_negative_prompt", "extra_ad_args", "high_noise_sample_params", "vae_tiling_params", "video_frames", "fps",
+             "upscale_repeats", "qwen_image_layers", "control_strength", "ip_adapter_strength", "vace_strength", "moe_boundary",
+             "auto_resize_ref_image", "increase_ref_index"},
+            where);
     set_prompt(r, f, "prompt", limits);
     set_prompt(r, f, "negative_prompt", limits, true);
     if (auto v = f.integer("clip_skip", -1, 12)) r.clip_skip = *v <= 0 ? std::nullopt : std::optional<int>((int)*v);
@@ -181,9 +207,31 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
     f.only("ip_adapter_image", nullptr, "easel has no IP-Adapter");
     f.only("embed_image_metadata", true, "easel always writes the PNG parameters");
     f.only("output_format", "png", "easel writes PNG");
-    f.only("cache_mode", "disabled", "easel has no step cache");
+    if (f.string("cache_mode", 64).value_or("") != "")  // "" is sd-server's default: no cache
+        f.only("cache_mode", "disabled", "easel has no step cache");
+    f.only_empty("cache_option", "easel has no step cache");
+    f.only_empty("scm_mask", "easel has no step cache");
+    for (const char* k : {"ad_model", "ad_prompt", "ad_negative_prompt", "extra_ad_args"}) f.only_empty(k, "easel has no after-detailer pass");
+    f.only("end_image", nullptr, "easel makes images, not videos");
+    f.only_empty("control_frames", "easel makes images, not videos");
+    f.only("video_frames", 1, "easel makes images, not videos");
+    (void)f.integer("fps", 0, 1000);  // video only: no effect on an image, as in sd-server
+    f.only("upscale_repeats", 1, "the server's upscaler runs once (--upscale-model)");
+    (void)f.integer("qwen_image_layers", 0, 1000);  // Qwen-Image-Layered only: no effect here, as in sd-server
+    f.only_empty("high_noise_sample_params", "easel has no high-noise (Wan 2.2) model");
+    f.only_empty("vae_tiling_params", "VAE tiling is the server's --vae-tiling");
+    // the strengths of inputs easel refuses (control / IP-Adapter / VACE images, a MoE model):
+    // no effect without them, as in sd-server
+    for (const char* k : {"control_strength", "ip_adapter_strength", "vace_strength", "moe_boundary"}) (void)f.number(k, -1000.0, 1000.0);
+    (void)f.boolean("auto_resize_ref_image");
+    (void)f.boolean("increase_ref_index");
+    (void)f.integer("output_compression", 0, 100);  // JPEG / WebP quality: easel writes lossless PNG
     if (const json* sp = f.object("sample_params")) {
         Fields s(*sp, "sample_params.");
+        s.known({"sample_method", "scheduler", "sample_steps", "eta", "shifted_timestep", "flow_shift", "custom_sigmas", "extra_sample_args",
+                 "guidance"},
+                fmt::format("{}'s sample_params", where));
+        s.only_empty("extra_sample_args", "easel's samplers take no extra arguments");
         auto sampler = s.string("sample_method", 64).value_or("");
         auto sched = s.string("scheduler", 64).value_or("");
         const SamplerChoice c = map_sampler(sampler, sched, "sample_params.sample_method", "sample_params.scheduler");
@@ -196,10 +244,18 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
         s.only("flow_shift", nullptr, "the flow shift is the server's --flow-shift");
         if (const json* g = s.object("guidance")) {
             Fields gf(*g, "sample_params.guidance.");
+            gf.known({"txt_cfg", "img_cfg", "distilled_guidance", "slg"}, fmt::format("{}'s sample_params.guidance", where));
             if (auto v = gf.number("txt_cfg", 0.0, 100.0)) r.cfg_scale = *v;
             gf.only("img_cfg", nullptr, "easel has no image CFG");
             gf.only("distilled_guidance", nullptr, "the distilled guidance is the server's --guidance");
-            if (const json* slg = gf.object("slg")) Fields(*slg, "sample_params.guidance.slg.").only("scale", 0, "easel has no skip-layer guidance");
+            if (const json* slg = gf.object("slg")) {
+                Fields sf(*slg, "sample_params.guidance.slg.");
+                sf.known({"scale", "layers", "layer_start", "layer_end"}, fmt::format("{}'s sample_params.guidance.slg", where));
+                sf.only("scale", 0, "easel has no skip-layer guidance");
+                (void)sf.array("layers");  // no effect at scale 0, as in sd-server
+                (void)sf.number("layer_start", 0.0, 1.0);
+                (void)sf.number("layer_end", 0.0, 1.0);
+            }
         }
     }
     if (const json* l = f.array("lora")) {
@@ -207,6 +263,7 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
             const std::string field = fmt::format("lora[{}]", i);
             if (!(*l)[i].is_object()) refuse(400, field, "{} must be an object {{\"path\": ..., \"multiplier\": ...}}", field);
             Fields lf((*l)[i], field + ".");
+            lf.known({"path", "multiplier", "is_high_noise"}, fmt::format("{}'s {}", where, field));
             LoraRef ref;
             ref.name = lf.string("path", 1024).value_or("");
             if (ref.name.empty()) refuse(400, field + ".path", "{}.path is required", field);
@@ -219,6 +276,9 @@ void apply_sdcpp_fields(JobRequest& r, const json& body, const Limits& limits) {
     if (const json* h = f.object("hires")) {
         // sd-server's hires object (its defaults: Latent, scale 2, strength 0.7; upscaler None = off)
         Fields hf(*h, "hires.");
+        hf.known({"enabled", "upscaler", "scale", "target_width", "target_height", "steps", "denoising_strength", "custom_sigmas",
+                  "upscale_tile_size"},
+                 fmt::format("{}'s hires", where));
         const std::string up = hf.string("upscaler", 256).value_or("Latent");
         r.hires = hf.boolean("enabled").value_or(false) && up != "None";
         if (auto v = hf.number("scale", 0.01, 16.0)) r.hr_scale = *v;
@@ -281,8 +341,9 @@ ImageShape check_image(const std::vector<uint8_t>& bytes, const std::string& fie
 
 json parse_json_body(std::string_view body, const Limits& limits) {
     if (body.size() > limits.max_body_bytes)
-        refuse(413, "", "request body is {} bytes; at most {} are accepted", body.size(), limits.max_body_bytes);
-    if (body.empty()) refuse(400, "", "request body is empty; send a JSON object");
+        refuse(413, "", "request body is {} bytes, over the limit of {} bytes (set by --max-body-mib); send a smaller body", body.size(),
+               limits.max_body_bytes);
+    if (body.empty()) refuse(400, "", "request body is missing (empty, or no Content-Length): send a JSON object with Content-Type: application/json");
     // nesting is bounded before parsing: nlohmann's recursive parser would exhaust the stack
     int depth = 0, max_depth = 0;
     bool in_string = false, escaped = false;
@@ -456,7 +517,7 @@ OpenAIRequest parse_openai_generation(const json& body, const Limits& limits) {
     f.only("background", "auto", "easel draws opaque images");
     for (const char* k : {"model", "quality", "style", "user", "moderation"}) (void)f.string(k, 256);
     (void)f.integer("output_compression", 0, 100);
-    if (auto extra = take_extra_args(r.prompt, limits)) apply_sdcpp_fields(r, *extra, limits);
+    if (auto extra = take_extra_args(r.prompt, limits)) apply_sdcpp_fields(r, *extra, limits, "<sd_cpp_extra_args>");
     return o;
 }
 
@@ -517,7 +578,7 @@ OpenAIRequest parse_openai_edit(const std::vector<FormPart>& parts, const Limits
         refuse(400, "background", "background \"{}\" is not supported: easel draws opaque images", *v);
     if (auto v = text("stream"); v && *v != "false") refuse(400, "stream", "stream is not supported: easel does not stream partial images");
     if (auto extra = take_extra_args(r.prompt, limits)) {
-        apply_sdcpp_fields(r, *extra, limits);
+        apply_sdcpp_fields(r, *extra, limits, "<sd_cpp_extra_args>");
         r.type = "img2img";
     }
     return o;
@@ -526,7 +587,7 @@ OpenAIRequest parse_openai_edit(const std::vector<FormPart>& parts, const Limits
 JobRequest parse_sdcpp_img_gen(const json& body, const Limits& limits) {
     if (!body.is_object()) refuse(400, "", "request body must be a JSON object");
     JobRequest r;
-    apply_sdcpp_fields(r, body, limits);
+    apply_sdcpp_fields(r, body, limits, "the img_gen body");
     if (!r.mask.empty() && r.init_image.empty()) refuse(400, "mask_image", "mask_image needs init_image");
     return r;
 }

@@ -559,6 +559,11 @@ void Service::run_job(JobRecord rec) {
         rec.result = {{"images", images}, {"infotexts", infotexts}, {"seeds", seeds}, {"width", rep.width}, {"height", rep.height},
                       {"steps", p.steps}, {"interrupted", rep.interrupted}, {"inpainting", !p.mask.empty()},
                       {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+        // the stages as `easel generate` times them (its timings line), for bench/server_bench.mjs
+        double denoise_s = 0;
+        for (double s : rep.step_s) denoise_s += s;
+        rec.result["timings"] = {{"load_s", rep.load_s}, {"te_s", rep.te_s}, {"denoise_s", denoise_s}, {"vae_s", rep.vae_s},
+                                 {"upscale_s", rep.upscale_s}, {"conditioning_cached", rep.conditioning_cached}};
         rec.state = kDone;
         std::error_code ec;
         fs::remove_all(p.checkpoint_dir, ec);

@@ -47,6 +47,16 @@ t.check("GET an unknown job: 404", r.status === 404, r.text);
 r = await get("/easel/v1/jobs/..%2F..%2Fetc%2Fpasswd/images/0");
 t.check("a job id with a path: 404, nothing read", r.status === 404, r.text);
 
+// the conditioning cache serves a repeated prompt (the server runs with --cache-dir)
+const cachePrompt = `a small green circle in the corner ${Date.now()}`;
+for (const [seed, cached] of [[21, false], [22, true]]) {
+  const jid = `cache-${seed}-${Date.now()}`;
+  r = await post("/sdapi/v1/txt2img", { prompt: cachePrompt, steps: 2, width: 64, height: 64, seed, force_task_id: jid });
+  const j = r.status === 200 ? (await get(`/easel/v1/jobs/${jid}?images=false`)).body : null;
+  t.check(`conditioning cache: ${cached ? "the repeated prompt's conditioning comes from the cache" : "a new prompt is encoded"}`,
+    j && j.timings && j.timings.conditioning_cached === cached, j ? JSON.stringify(j.timings) : r.text.slice(0, 200));
+}
+
 // queue bound and cancel: one running, two queued (--max-queue 2), the next gets 503 + Retry-After
 const slow = { prompt: "a cyan star on the left", steps: 150, seed: 9 };
 const a = (await post("/easel/v1/jobs", slow)).body.id;

@@ -315,6 +315,46 @@ TEST(ServerRequest, SdcppNativeAndEaselJobs) {
     expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"sample_steps": "x"}})"), lim); }, 400,
                    "sample_params.sample_steps");
     expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"lora": [{"multiplier": 1}]})"), lim); }, 400, "lora[0].path");
+    // every key sd-server reads is known; any other is refused naming it (sd-server drops it silently)
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"prompt": "p", "sampler": "euler"})"), lim); }, 400, "sampler");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"steps": 4}})"), lim); }, 400, "sample_params.steps");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"guidance": {"cfg": 4}}})"), lim); }, 400,
+                   "sample_params.guidance.cfg");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"guidance": {"slg": {"scales": 1}}}})"), lim); }, 400,
+                   "sample_params.guidance.slg.scales");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"hires": {"enable": true}})"), lim); }, 400, "hires.enable");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"lora": [{"path": "style", "weight": 1}]})"), lim); }, 400, "lora[0].weight");
+    // sd-server fields easel cannot apply: refused unless at the value that means "off"
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"cache_mode": "easycache"})"), lim); }, 400, "cache_mode");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"video_frames": 33})"), lim); }, 400, "video_frames");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"vae_tiling_params": {"enabled": true}})"), lim); }, 400, "vae_tiling_params");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"sample_params": {"extra_sample_args": "x=1"}})"), lim); }, 400,
+                   "sample_params.extra_sample_args");
+    expect_refused([&] { parse_sdcpp_img_gen(json::parse(R"({"control_strength": "high"})"), lim); }, 400, "control_strength");
+    {
+        // sd-server's defaults of those fields pass (a client echoing /sdcpp/v1/capabilities' defaults)
+        JobRequest d = parse_sdcpp_img_gen(json::parse(R"({"prompt": "p", "cache_mode": "", "video_frames": 1, "fps": 16,
+            "control_strength": 0.9, "ip_adapter_strength": 1.0, "auto_resize_ref_image": true, "increase_ref_index": false,
+            "embed_image_metadata": true, "output_compression": 100, "upscale_repeats": 1, "ref_images": [],
+            "sample_params": {"sample_steps": 5, "extra_sample_args": "", "guidance": {"slg": {"scale": 0, "layers": [7, 8, 9]}}}})"), lim);
+        EXPECT_EQ(d.steps.value_or(0), 5);
+    }
+    {
+        // the OpenAI prompt's <sd_cpp_extra_args> takes the same fields and refuses the same way
+        OpenAIRequest o = parse_openai_generation(
+            json::parse(R"({"prompt": "a cat <sd_cpp_extra_args>{\"seed\": 9, \"batch_count\": 2}</sd_cpp_extra_args>"})"), lim);
+        EXPECT_EQ(o.job.seed, 9);
+        EXPECT_EQ(o.job.batch, 2);
+        expect_refused([&] { parse_openai_generation(json::parse(R"({"prompt": "x <sd_cpp_extra_args>{\"seeds\": 9}</sd_cpp_extra_args>"})"), lim); },
+                       400, "seeds");
+        try {
+            parse_openai_generation(json::parse(R"({"prompt": "x <sd_cpp_extra_args>{\"sample_params\": {\"sample_step\": 3}}</sd_cpp_extra_args>"})"), lim);
+            ADD_FAILURE() << "a misspelt key was accepted";
+        } catch (const ApiError& e) {
+            EXPECT_NE(std::string(e.what()).find("<sd_cpp_extra_args>'s sample_params"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("sample_steps"), std::string::npos) << e.what();  // the fields it takes
+        }
+    }
     JobRequest e = parse_easel_job(json::parse(R"({"type": "txt2img", "prompt": "q", "steps": 2})"), lim);
     EXPECT_EQ(e.type, "txt2img");
     EXPECT_EQ(e.steps.value_or(0), 2);
