@@ -241,7 +241,16 @@ PromptTags extract_extra_networks(std::string_view prompt) {
                                   whole, tag.kind);
                         out.others.push_back(std::move(tag));
                     }
+                    // the whitespace the tag leaves behind goes with it: "a cat <lora:x:1>" -> "a cat"
+                    // (CLIP ignores it; Qwen3 and T5 would encode the extra space)
                     i = k + 1;
+                    const bool at_start = std::all_of(text.begin(), text.end(), is_space);
+                    if (at_start) {
+                        text.clear();
+                        while (i < s.size() && is_space(s[i])) ++i;
+                    } else if (i == s.size() || is_space(s[i])) {
+                        while (!text.empty() && is_space(text.back())) text.pop_back();
+                    }
                     continue;
                 }
             }

@@ -56,7 +56,7 @@ struct ExtraNetworkTag {
 
 /// A prompt with its extra-network tags taken out.
 struct PromptTags {
-    std::string text;                        ///< prompt with every <kind:...> tag removed
+    std::string text;                        ///< prompt with every <kind:...> tag (and the whitespace it leaves) removed
     std::vector<ExtraNetworkTag> loras;      ///< kinds "lora" and "lyco" (LyCORIS alias), in order
     std::vector<ExtraNetworkTag> others;     ///< any other kind (e.g. "hypernet"): removed, warned, unused
 };
@@ -65,6 +65,10 @@ struct PromptTags {
 /// it from the text (A1111 removes tags of every kind; unknown kinds are logged as a warning and
 /// returned in `others`), and parses LoRA/LyCORIS arguments as A1111's Lora extension does:
 /// positional name[:te[:unet[:dyn]]], named te=, unet=, dyn= override them.
+/// The whitespace a removed tag leaves behind is removed with it (unlike A1111, whose CLIP
+/// tokenizer ignores it; Qwen3 and T5 would encode it): a tag at the start takes the whitespace
+/// after it, any other tag followed by whitespace or the end takes the whitespace before it, so
+/// "a cat <lora:x:1>", "<lora:x:1> a cat" and "a <lora:x:1> cat" give "a cat" / "a cat" / "a cat".
 /// Throws Error(InvalidInput) for a LoRA tag with an empty name or a non-numeric multiplier.
 PromptTags extract_extra_networks(std::string_view prompt);
 

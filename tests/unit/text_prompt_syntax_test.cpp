@@ -101,7 +101,7 @@ TEST(PromptTags, LoraTags) {
     EXPECT_EQ(p.loras[0].unet_multiplier, 1.0f);
 
     const auto q = extract_extra_networks("<lora:a> x <lyco:b:0.5> y <lora:c:0.8:0.3:dyn=16> <lora:d:unet=0.2:te=0.7>");
-    EXPECT_EQ(q.text, " x  y  ");
+    EXPECT_EQ(q.text, "x y");  // the whitespace each tag leaves goes with it
     ASSERT_EQ(q.loras.size(), 4u);
     EXPECT_EQ(q.loras[0].name, "a");
     EXPECT_EQ(q.loras[0].multiplier, 1.0f);
@@ -116,11 +116,21 @@ TEST(PromptTags, LoraTags) {
 
     // Unknown kinds are removed too (A1111), reported in `others`; not-a-tag text stays.
     const auto r = extract_extra_networks("cat <hypernet:h:0.6> <3 <lora:> a<b>");
-    EXPECT_EQ(r.text, "cat  <3 <lora:> a<b>");
+    EXPECT_EQ(r.text, "cat <3 <lora:> a<b>");
     ASSERT_EQ(r.others.size(), 1u);
     EXPECT_EQ(r.others[0].kind, "hypernet");
     EXPECT_EQ(r.others[0].name, "h");
     EXPECT_TRUE(r.loras.empty());
+
+    // Where a tag was, no whitespace is left over (Qwen3 and T5 would encode it; CLIP ignores it):
+    // at the end, at the start, between words, several in a row; other whitespace stays as written.
+    EXPECT_EQ(extract_extra_networks("a photo of a cat <lora:x:0.6>").text, "a photo of a cat");
+    EXPECT_EQ(extract_extra_networks("  <lora:x:0.6>\t a photo of a cat").text, "a photo of a cat");
+    EXPECT_EQ(extract_extra_networks("a photo of <lora:x:0.6> a cat").text, "a photo of a cat");
+    EXPECT_EQ(extract_extra_networks("a cat, <lora:x> <lora:y>\n").text, "a cat,\n");
+    EXPECT_EQ(extract_extra_networks("<lora:x> <lora:y> a  cat ").text, "a  cat ");
+    EXPECT_EQ(extract_extra_networks("a<lora:x>b").text, "ab");
+    EXPECT_EQ(extract_extra_networks("<lora:x>").text, "");
 
     EXPECT_THROW(extract_extra_networks("<lora:x:abc>"), easel::Error);
     EXPECT_THROW(extract_extra_networks("<lora::1>"), easel::Error);

@@ -6,6 +6,11 @@ scripts do), with diffusers' source either in .diffusers/ or unpacked by tools/r
 
     python3 tools/reference/make_lora_refs.py --out $OUT/lora
 
+The committed flux1/zimage/klein diffusers folders hold no tokenizer.json (easel ships the vocabularies): the
+pipelines load from copies under /tmp with the tokenizers restored from models/tokenizers/ (Qwen3, T5) and
+sd_tiny's CLIP tokenizer, and each family's image without the LoRA must equal its committed e2e PNG within
+3/255 (asserted), so the LoRA images are those of the e2e cases.
+
 Writes into --out (all small; the lead copies the folder to tests/data/reference/lora/):
   <fam>_lora_diffusers.safetensors  the LoRA as diffusers saves it (save_lora_weights: "unet." /
                                     "text_encoder." / "transformer." prefixes, PEFT lora_A / lora_B, the
@@ -249,10 +254,42 @@ def set_weight(pipe, w):
     pipe.set_adapters(["ref"], adapter_weights=[w])
 
 
+# the tokenizer.json files the committed diffusers folders leave out (easel ships the vocabularies): without
+# them transformers builds a tokenizer that gives other token ids, and the images are not the e2e cases'
+TOKENIZER_FILES = {
+    "flux1": {"tokenizer": os.path.join(REF, "sd_tiny", "diffusers", "tokenizer", "tokenizer.json"),
+              "tokenizer_2": "models/tokenizers/t5/tokenizer.json.gz"},
+    "zimage": {"tokenizer": "models/tokenizers/qwen3/tokenizer.json.gz"},
+    "klein": {"tokenizer": "models/tokenizers/qwen3/tokenizer.json.gz"},
+}
+
+
+def pipeline_folder(fam):
+    """The family's committed diffusers folder, or for flux1 / zimage / klein a copy of it under /tmp with the
+    tokenizer.json files restored (as make_{flux,zimage,klein}_pipeline.py's folder-reload checks do)."""
+    import gzip
+    import shutil
+
+    folder = os.path.join(REF, "sd_tiny" if fam == "sd" else f"{fam}_tiny", "diffusers")
+    if fam not in TOKENIZER_FILES:
+        return folder
+    tmp = f"/tmp/lora_refs_{fam}_pipeline"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    for sub, src in TOKENIZER_FILES[fam].items():
+        dst = os.path.join(tmp, sub, "tokenizer.json")
+        if src.endswith(".gz"):
+            with gzip.open(src, "rb") as f, open(dst, "wb") as g:
+                g.write(f.read())
+        else:
+            shutil.copy(src, dst)
+    return tmp
+
+
 def family(fam, a, meta):
     from diffusers import DiffusionPipeline, EulerDiscreteScheduler
 
-    folder = os.path.join(REF, "sd_tiny" if fam == "sd" else f"{fam}_tiny", "diffusers")
+    folder = pipeline_folder(fam)
     pipe = DiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     case = load_case(fam)
@@ -263,6 +300,8 @@ def family(fam, a, meta):
     base_img, _ = run_pipe(fam, pipe, case)
     ref_png = os.path.join(REF, "sd_tiny" if fam == "sd" else f"{fam}_tiny", case["png"])
     base_vs_committed = float(np.abs(np.asarray(Image.open(ref_png), np.float32) / 255.0 - base_img).max())
+    # the LoRA images are only references if the pipeline without the LoRA still gives the committed e2e image
+    assert base_vs_committed <= 3.0 / 255, f"{fam}: the base image differs from {ref_png} by {base_vs_committed * 255:.1f}/255"
 
     seed = {"sd": 11, "flux1": 12, "zimage": 13, "klein": 14}[fam]
     info = {"case": case["name"], "prompt": case["prompt"], "seed": case["seed"], "width": case["width"],
