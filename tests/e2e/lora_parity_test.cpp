@@ -113,7 +113,10 @@ struct LoraCase {
 
 std::vector<LoraCase> lora_cases() {
     std::vector<LoraCase> r;
-    for (const char* fam : {"sd", "zimage", "flux1", "klein"})
+    // SD only for now: the zimage / flux1 / klein references of the first GPU run were made with
+    // tokenizers without vocabularies (tests/data/reference/lora/SOURCE.md) and are not committed;
+    // add the families back when make_lora_refs.py has been run again
+    for (const char* fam : {"sd"})
         for (const char* form : {"diffusers", "kohya"})
             for (double w : {1.0, 0.6})
                 for (const char* mode : {"immediately", "at_runtime"}) r.push_back({fam, form, w, mode});
@@ -170,10 +173,7 @@ TEST_P(LoraParityTags, PromptTagMatchesDiffusersWithin2Of255) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LoraParityTags,
-                         ::testing::Values(LoraCase{"sd", "kohya", 0.6, "auto"}, LoraCase{"sd", "diffusers", 1.0, "auto"},
-                                           LoraCase{"zimage", "kohya", 0.6, "auto"}, LoraCase{"zimage", "diffusers", 1.0, "auto"},
-                                           LoraCase{"flux1", "kohya", 0.6, "auto"}, LoraCase{"flux1", "diffusers", 1.0, "auto"},
-                                           LoraCase{"klein", "kohya", 0.6, "auto"}, LoraCase{"klein", "diffusers", 1.0, "auto"}),
+                         ::testing::Values(LoraCase{"sd", "kohya", 0.6, "auto"}, LoraCase{"sd", "diffusers", 1.0, "auto"}),
                          [](const auto& info) { return case_name(info.param); });
 
 namespace {
