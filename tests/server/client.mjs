@@ -1,5 +1,5 @@
 // A small client of easel's jobs API for the shell tests:
-//   node client.mjs URL submit JSON          -> prints the job id
+//   node client.mjs URL submit JSON [JSON..] -> prints the job id (one line per body)
 //   node client.mjs URL state ID             -> prints "state step"
 //   node client.mjs URL wait ID [SECONDS]    -> waits until the job ends; prints its state
 //   node client.mjs URL wait-step ID N       -> waits until the running job passed step N; prints the step
@@ -10,10 +10,14 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const job = async (id) => (await fetch(`${url}/easel/v1/jobs/${id}?images=false`)).json();
 try {
   if (cmd === "submit") {
-    const r = await fetch(url + "/easel/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body: args[0] });
-    const j = await r.json();
-    if (r.status !== 202) { console.error(JSON.stringify(j)); process.exit(1); }
-    console.log(j.id);
+    // several bodies: submitted back to back from one process (one id per line), so a second job is
+    // queued before the first can reach a step a test stops the server at
+    for (const body of args) {
+      const r = await fetch(url + "/easel/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body });
+      const j = await r.json();
+      if (r.status !== 202) { console.error(JSON.stringify(j)); process.exit(1); }
+      console.log(j.id);
+    }
   } else if (cmd === "state") {
     const j = await job(args[0]);
     console.log(j.state, j.step);
