@@ -26,21 +26,7 @@ bad() {
 }
 png() { python3 "$(dirname "$0")/lib/pngtool.py" "$@"; }
 
-model_of() {
-  case "$1" in
-    sd) echo "-m $ref/sd_tiny/sd_tiny.safetensors" ;;
-    zimage) echo "-m $ref/zimage_tiny/diffusers" ;;
-    flux1) echo "-m $ref/flux1_tiny/diffusers" ;;
-    klein) echo "-m $ref/klein_tiny/diffusers" ;;
-  esac
-}
-# a small job: 64x64, 1 step, one thread, no cache
-run() {  # FAMILY OUT LOG ARGS...
-  local fam="$1" out="$2" log="$3"
-  shift 3
-  # shellcheck disable=SC2046
-  "$easel" generate $(model_of "$fam") -p "a red cat" -W 64 -H 64 --steps 1 -s 3 -t 1 --no-cache -o "$out" "$@" >"$log" 2>&1
-}
+source "$(dirname "$0")/lib/tiny.bash"
 
 # the classification of every option (long name, or the short one when it has no long name)
 declare -A class=(
